@@ -1,0 +1,3 @@
+from initadvisor.cli import main
+
+main()

@@ -1,0 +1,404 @@
+"""Model spec: YAML parsing with line numbers, validation, defaults, normalisation.
+
+Everything a user can get wrong is reported as a `SpecError` naming the file, the key and its line;
+the CLI turns it into one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+MATRICES = ("q", "k", "v", "o", "ff_in", "ff_out", "embedding")
+NORMS = ("post", "pre", "none")
+NORM_TYPES = ("layernorm", "rmsnorm")
+ATTENTIONS = ("softmax", "centered")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "tanh", "linear", "swiglu", "geglu")
+EMBEDDINGS = ("token", "position", "segment")
+MAX_NODES = 20_000  # YAML nodes visited at most: a spec is small, an alias bomb is not
+
+
+class SpecError(ValueError):
+    """Bad input: one line naming file, line and key."""
+
+    def __init__(self, message: str, file: str | None = None, line: int | None = None, key: str | None = None):
+        self.file, self.line, self.key, self.message = file, line, key, message
+        where = f"{file}:{line}" if file and line else (file or "<spec>")
+        super().__init__(f"{where}: {key + ': ' if key else ''}{message}")
+
+
+@dataclass(frozen=True)
+class MatrixInit:
+    std: float
+    bias_std: float = 0.0
+
+
+@dataclass(frozen=True)
+class Residual:
+    skip: float = 1.0
+    block: float = 1.0
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A validated, normalised model spec (every default filled in)."""
+
+    name: str
+    layers: int
+    d_model: int
+    heads: int
+    d_ff: int
+    norm: str
+    norm_type: str
+    attention: str
+    out_proj: bool
+    causal: bool
+    activation: str
+    softmax_scale: float
+    embedding_norm: bool
+    kv_heads: int
+    parallel_residual: bool
+    seq_len: int
+    vocab: int
+    input_correlation: float | None  # None: "auto", derived from the embeddings
+    embeddings: tuple[str, ...]
+    dropout: float
+    attention_dropout: float
+    init: dict[str, MatrixInit]
+    qk_beta: float | None
+    res_attention: Residual
+    res_mlp: Residual
+    thresholds: dict[str, float] = field(default_factory=dict)
+    source: str | None = None
+    lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.heads
+
+    def fan_in(self, matrix: str) -> int:
+        return {"ff_out": self.d_ff, "embedding": 1}.get(matrix, self.d_model)
+
+    def gain(self, matrix: str) -> float:
+        """std^2 x fan-in: the factor a matrix multiplies a per-coordinate second moment by."""
+        return self.init[matrix].std ** 2 * self.fan_in(matrix)
+
+    def line_of(self, key: str) -> int | None:
+        while key:
+            if key in self.lines:
+                return self.lines[key]
+            key = key.rpartition(".")[0]
+        return None
+
+    def with_overrides(self, **kw: Any) -> "Spec":
+        """Copy with top-level fields replaced (command-line overrides), re-validated."""
+        out = replace(self, **{k: v for k, v in kw.items() if v is not None})
+        _check_consistency(out)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The normalised spec in the YAML layout, defaults filled in."""
+        init: dict[str, Any] = {
+            m: {"std": _r(i.std), "gain": _r(self.gain(m)), "bias_std": _r(i.bias_std)} for m, i in self.init.items()
+        }
+        init["qk_beta"] = self.qk_beta
+        return {
+            "name": self.name,
+            "model": {
+                "layers": self.layers, "d_model": self.d_model, "heads": self.heads, "kv_heads": self.kv_heads,
+                "d_ff": self.d_ff, "norm": self.norm, "norm_type": self.norm_type, "attention": self.attention,
+                "out_proj": self.out_proj, "causal": self.causal, "activation": self.activation,
+                "softmax_scale": _r(self.softmax_scale), "embedding_norm": self.embedding_norm,
+                "parallel_residual": self.parallel_residual,
+            },
+            "sequence": {
+                "length": self.seq_len, "vocab": self.vocab,
+                "input_correlation": "auto" if self.input_correlation is None else self.input_correlation,
+                "embeddings": list(self.embeddings),
+            },
+            "dropout": self.dropout,
+            "attention_dropout": self.attention_dropout,
+            "init": init,
+            "residual": {
+                "attention": {"skip": self.res_attention.skip, "block": self.res_attention.block},
+                "mlp": {"skip": self.res_mlp.skip, "block": self.res_mlp.block},
+            },
+            "thresholds": dict(self.thresholds),
+        }
+
+
+def _r(x: float) -> float:
+    return float(f"{x:.6g}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Schema: key -> (kind, default). Kinds: int, float, bool, str, choice tuple, or a nested dict.
+
+THRESHOLDS = {
+    "rank_collapse_rho": 0.99,  # rho at or above this at some layer: rank collapse (error)
+    "collapse_trend_rho": 0.9,  # final rho at or above this: collapse trend (warning)
+    "grad_explode": 1e3,  # end-to-end gradient second-moment ratio above this: exploding (error)
+    "grad_vanish": 1e-3,  # ... below this: vanishing (error)
+    "qk_grad_ratio_min": 1e-2,  # Noci query/key-to-value gradient ratio below this: vanishing Q/K gradient
+}
+
+_MATRIX = {"std": "pos", "gain": "pos", "bias_std": "nonneg"}
+_RES = {"skip": "nonneg", "block": "nonneg"}
+SCHEMA: dict[str, Any] = {
+    "name": "str",
+    "model": {
+        "layers": "posint", "d_model": "posint", "heads": "posint", "kv_heads": "posint", "d_ff": "posint",
+        "norm": NORMS, "norm_type": NORM_TYPES, "attention": ATTENTIONS, "out_proj": "bool", "causal": "bool",
+        "activation": ACTIVATIONS, "softmax_scale": "pos?", "embedding_norm": "bool?", "parallel_residual": "bool",
+    },
+    "sequence": {"length": "posint", "vocab": "posint", "input_correlation": "corr", "embeddings": "embeddings"},
+    "dropout": "prob",
+    "attention_dropout": "prob",
+    "init": {"std": "pos", "qk_beta": "pos?", **{m: _MATRIX for m in MATRICES}},
+    "residual": {"attention": _RES, "mlp": _RES},
+    "thresholds": {k: "pos" for k in THRESHOLDS},
+}
+REQUIRED = ("model.layers", "model.d_model", "model.heads")
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and validate a YAML spec file."""
+    path = Path(path)
+    fname = str(path)
+    if path.is_dir():
+        raise SpecError("is a directory, not a spec file", fname)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise SpecError("no such file", fname) from None
+    except OSError as e:
+        raise SpecError(f"cannot read: {e.strerror}", fname) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(f"not UTF-8 text (byte {e.start})", fname) from None
+    return parse_spec(text, fname)
+
+
+def parse_spec(text: str, fname: str = "<spec>") -> Spec:
+    data, lines = _yaml_to_plain(text, fname)
+    if data is None:
+        raise SpecError("empty spec: expected a mapping with at least a 'model' section", fname, 1)
+    if not isinstance(data, dict):
+        raise SpecError("top level must be a mapping (key: value)", fname, 1)
+    return build_spec(data, lines, fname)
+
+
+def _yaml_to_plain(text: str, fname: str) -> tuple[Any, dict[str, int]]:
+    """Compose YAML safely into plain Python objects, recording each key path's line."""
+    import yaml
+
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark else None
+        raise SpecError(f"malformed YAML: {e.problem or e.context}", fname, line) from None
+    except yaml.YAMLError as e:
+        raise SpecError(f"malformed YAML: {e}", fname) from None
+    except RecursionError:
+        raise SpecError("malformed YAML: nesting too deep", fname) from None
+    if node is None:
+        return None, {}
+    lines: dict[str, int] = {}
+    budget = [MAX_NODES]
+    constructor = yaml.SafeLoader("")
+
+    def walk(n: Any, path: str, depth: int) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise SpecError(f"too many YAML nodes (over {MAX_NODES}; aliases expanded)", fname, n.start_mark.line + 1)
+        if depth > 20:
+            raise SpecError("nesting too deep", fname, n.start_mark.line + 1, path or None)
+        if isinstance(n, yaml.MappingNode):
+            out: dict[str, Any] = {}
+            for k, v in n.value:
+                if not isinstance(k, yaml.ScalarNode):
+                    raise SpecError("keys must be plain names", fname, k.start_mark.line + 1, path or None)
+                key = str(k.value)
+                kp = f"{path}.{key}" if path else key
+                if key in out:
+                    raise SpecError("duplicate key", fname, k.start_mark.line + 1, kp)
+                lines[kp] = k.start_mark.line + 1
+                out[key] = walk(v, kp, depth + 1)
+            return out
+        if isinstance(n, yaml.SequenceNode):
+            return [walk(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(n.value)]
+        try:
+            return constructor.construct_object(n, deep=True)
+        except yaml.YAMLError as e:
+            raise SpecError(f"bad value: {getattr(e, 'problem', e)}", fname, n.start_mark.line + 1, path or None) from None
+
+    return walk(node, "", 0), lines
+
+
+def _fail(msg: str, key: str, lines: dict[str, int], fname: str) -> SpecError:
+    line = None
+    k = key
+    while k and line is None:
+        line = lines.get(k)
+        k = k.rpartition(".")[0]
+    return SpecError(msg, fname, line, key)
+
+
+def _check_keys(data: dict[str, Any], schema: dict[str, Any], prefix: str, lines: dict[str, int], fname: str) -> None:
+    for key, value in data.items():
+        kp = f"{prefix}{key}"
+        if key not in schema:
+            close = difflib.get_close_matches(key, list(schema), n=1, cutoff=0.6)
+            hint = f" (did you mean '{close[0]}'?)" if close else f" (expected one of: {', '.join(schema)})"
+            raise _fail(f"unknown key{hint}", kp, lines, fname)
+        sub = schema[key]
+        if isinstance(sub, dict):
+            if not isinstance(value, dict):
+                raise _fail(f"expected a mapping, got {_typename(value)}", kp, lines, fname)
+            _check_keys(value, sub, kp + ".", lines, fname)
+        else:
+            _check_value(value, sub, kp, lines, fname)
+
+
+def _typename(v: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "a mapping", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def _check_value(v: Any, kind: Any, key: str, lines: dict[str, int], fname: str) -> None:
+    def bad(msg: str) -> SpecError:
+        return _fail(msg, key, lines, fname)
+
+    if isinstance(kind, tuple):
+        if v not in kind:
+            close = difflib.get_close_matches(str(v), kind, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise bad(f"must be one of {', '.join(kind)}, got {v!r}{hint}")
+        return
+    if kind.endswith("?"):
+        if v is None:
+            return
+        kind = kind[:-1]
+    if kind == "str":
+        if not isinstance(v, str):
+            raise bad(f"expected a string, got {_typename(v)}")
+    elif kind == "bool":
+        if not isinstance(v, bool):
+            raise bad(f"expected true or false, got {_typename(v)}")
+    elif kind == "posint":
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise bad(f"expected a whole number, got {_typename(v)}")
+        if v < 1:
+            raise bad(f"must be >= 1, got {v}")
+        if v > 10**9:
+            raise bad(f"unreasonably large ({v})")
+    elif kind == "embeddings":
+        if not isinstance(v, list) or not v:
+            raise bad("expected a non-empty list of: token, position, segment")
+        for e in v:
+            if e not in EMBEDDINGS:
+                raise bad(f"unknown embedding table {e!r} (expected token, position, segment)")
+        if len(set(v)) != len(v):
+            raise bad("an embedding table is listed twice")
+    elif kind == "corr":
+        if v == "auto":
+            return
+        _number(v, bad)
+        if not 0.0 <= v < 1.0:
+            raise bad(f"must be 'auto' or a number in [0, 1), got {v}")
+    else:  # numeric kinds
+        _number(v, bad)
+        if kind == "pos" and not (v > 0 and v < 1e6):
+            raise bad(f"must be a positive number below 1e6, got {v}")
+        if kind == "nonneg" and not (0 <= v < 1e6):
+            raise bad(f"must be a number in [0, 1e6), got {v}")
+        if kind == "prob" and not 0 <= v < 1:
+            raise bad(f"must be a probability in [0, 1), got {v}")
+
+
+def _number(v: Any, bad: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise bad(f"expected a number, got {_typename(v)}")
+    if not math.isfinite(v):
+        raise bad(f"must be finite, got {v}")
+
+
+def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname: str = "<spec>") -> Spec:
+    """Validate a plain dict (the YAML layout) and fill in defaults."""
+    lines = lines or {}
+    _check_keys(data, SCHEMA, "", lines, fname)
+    for req in REQUIRED:
+        sec, _, key = req.partition(".")
+        if key not in data.get(sec, {}):
+            raise _fail("required key missing", req, lines, fname)
+    m = data["model"]
+    s = data.get("sequence", {})
+    ini = data.get("init", {})
+    d, heads = m["d_model"], m["heads"]
+    if d % heads:
+        raise _fail(f"heads ({heads}) must divide d_model ({d})", "model.heads", lines, fname)
+    kv = m.get("kv_heads", heads)
+    if heads % kv:
+        raise _fail(f"kv_heads ({kv}) must divide heads ({heads})", "model.kv_heads", lines, fname)
+    norm = m.get("norm", "post")
+    d_ff = m.get("d_ff", 4 * d)
+    scale = m.get("softmax_scale")
+    scale = 1.0 / math.sqrt(d // heads) if scale is None else float(scale)
+    fan = {"ff_out": d_ff, "embedding": 1}
+    default_std = float(ini.get("std", 0.02))
+    init: dict[str, MatrixInit] = {}
+    for mat in MATRICES:
+        e = ini.get(mat, {})
+        if "std" in e and "gain" in e:
+            raise _fail("give either std or gain, not both", f"init.{mat}", lines, fname)
+        std = math.sqrt(e["gain"] / fan.get(mat, d)) if "gain" in e else float(e.get("std", default_std))
+        init[mat] = MatrixInit(std=std, bias_std=float(e.get("bias_std", 0.0)))
+    qk_beta = ini.get("qk_beta")
+    if qk_beta is not None and ("q" in ini or "k" in ini):
+        raise _fail("give either qk_beta or q/k, not both", "init.qk_beta", lines, fname)
+    ra, rm = data.get("residual", {}).get("attention", {}), data.get("residual", {}).get("mlp", {})
+    rho = s.get("input_correlation", "auto")
+    spec = Spec(
+        name=str(data.get("name", Path(fname).stem if fname != "<spec>" else "model")),
+        layers=m["layers"], d_model=d, heads=heads, d_ff=d_ff, norm=norm,
+        norm_type=m.get("norm_type", "layernorm"), attention=m.get("attention", "softmax"),
+        out_proj=m.get("out_proj", True), causal=m.get("causal", False), activation=m.get("activation", "gelu"),
+        softmax_scale=scale, embedding_norm=m.get("embedding_norm", norm == "post") or False, kv_heads=kv,
+        parallel_residual=m.get("parallel_residual", False),
+        seq_len=s.get("length", 512), vocab=s.get("vocab", 32000),
+        input_correlation=None if rho == "auto" else float(rho),
+        embeddings=tuple(s.get("embeddings", ["token", "position"])),
+        dropout=float(data.get("dropout", 0.0)), attention_dropout=float(data.get("attention_dropout", 0.0)),
+        init=init, qk_beta=None if qk_beta is None else float(qk_beta),
+        res_attention=Residual(float(ra.get("skip", 1.0)), float(ra.get("block", 1.0))),
+        res_mlp=Residual(float(rm.get("skip", 1.0)), float(rm.get("block", 1.0))),
+        thresholds={**THRESHOLDS, **{k: float(v) for k, v in data.get("thresholds", {}).items()}},
+        source=None if fname == "<spec>" else fname, lines=dict(lines),
+    )
+    try:
+        _check_consistency(spec)
+    except SpecError as e:
+        raise _fail(e.message, e.key or "", lines, fname) from None
+    return spec
+
+
+def _check_consistency(spec: Spec) -> None:
+    if spec.seq_len < 2:
+        raise SpecError(f"must be >= 2, got {spec.seq_len}", key="sequence.length")
+    if not 0 <= spec.dropout < 1:
+        raise SpecError(f"must be a probability in [0, 1), got {spec.dropout}", key="dropout")
+    if spec.input_correlation is not None and not 0 <= spec.input_correlation < 1:
+        raise SpecError(f"must be in [0, 1), got {spec.input_correlation}", key="sequence.input_correlation")
+    if spec.activation in ("swiglu", "geglu") and spec.d_ff < 1:
+        raise SpecError("gated MLP needs d_ff", key="model.d_ff")
+    if spec.parallel_residual and spec.norm != "pre":
+        raise SpecError("parallel_residual needs norm: pre", key="model.parallel_residual")
+    if spec.res_attention.skip == 0 and spec.res_attention.block == 0:
+        raise SpecError("skip and block cannot both be 0", key="residual.attention")
+    if spec.res_mlp.skip == 0 and spec.res_mlp.block == 0:
+        raise SpecError("skip and block cannot both be 0", key="residual.mlp")
