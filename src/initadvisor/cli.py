@@ -1,0 +1,84 @@
+"""Command-line interface. Exit codes: 0 gate passes, 1 gate fails, 2 bad input or usage."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from initadvisor.spec import SpecError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Predict rank collapse, entropy collapse and gradient growth of a transformer at "
+                       "initialisation, and recommend an init.")
+
+
+@app.callback()
+def _root() -> None:
+    """initadvisor: signal propagation at initialisation for transformers."""
+
+
+class CheckFormat(str, Enum):
+    table = "table"
+    json = "json"
+
+
+class FailOn(str, Enum):
+    error = "error"
+    warning = "warning"
+    never = "never"
+
+
+def load(path: Path, seq_len: int | None = None, input_correlation: float | None = None,
+         dropout: float | None = None):
+    """A YAML spec or a HuggingFace config.json, with command-line overrides applied."""
+    from initadvisor.spec import load_spec
+
+    spec = load_spec(path)
+    try:
+        return spec.with_overrides(seq_len=seq_len, input_correlation=input_correlation, dropout=dropout)
+    except SpecError as e:
+        raise SpecError(e.message, "command line", None, {"sequence.length": "--seq-len", "dropout": "--dropout",
+                        "sequence.input_correlation": "--input-correlation"}.get(e.key or "", e.key)) from None
+
+
+def emit_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, allow_nan=False) + "\n")
+
+
+@app.command()
+def check(
+    spec: Path = typer.Argument(..., help="YAML model spec (or HuggingFace config.json)."),
+    format: CheckFormat = typer.Option(CheckFormat.table, "--format", help="Output format."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Override sequence.length."),
+    input_correlation: Optional[float] = typer.Option(None, "--input-correlation",
+                                                      help="Override sequence.input_correlation."),
+    dropout: Optional[float] = typer.Option(None, "--dropout", help="Override dropout."),
+    fail_on: FailOn = typer.Option(FailOn.error, "--fail-on", help="Findings that fail the gate."),
+) -> None:
+    """Predict signal propagation layer by layer and gate on the findings."""
+    from initadvisor.diagnose import check as run_check
+
+    s = load(spec, seq_len, input_correlation, dropout)
+    report = run_check(s, fail_on.value)
+    if format is CheckFormat.json:
+        emit_json(report)
+    else:
+        from rich.console import Console
+
+        from initadvisor.report import render_check
+
+        render_check(report, Console())
+    raise typer.Exit(1 if report["verdict"] == "fail" else 0)
+
+
+def main() -> None:
+    try:
+        app()  # standalone: usage errors exit 2, typer.Exit carries the gate's code
+    except SpecError as e:
+        sys.stderr.write(f"initadvisor: error: {e}\n")
+        sys.exit(2)

@@ -1,0 +1,85 @@
+"""Softmax attention at initialisation as a Random Energy Model (Giorlandino & Goldt, paper 001).
+
+One attention row is a REM: the key-dependent parts of its scores are Gaussian with variance
+V = beta^2 q_eff (q - p) ln T. Condensation (entropy collapse) sets in at beta_c = sqrt(2 / (q_eff (q - p))),
+i.e. x = beta / beta_c = 1; the Gaussian (CLT) regime ends at x = 1/2 (001 B.3).
+
+Finite T: for x <= 1/2 the annealed average is exact to leading order, Y2 = e^V / T (>= 1/T, the floor);
+for x >= 1 the REM gives Y2 = 1 - 1/x (001 eq. 12). In the crossover 1/2 < x < 1 the annealed value is
+held at its x = 1/2 level, T^(-1/2), until the REM value overtakes it. The cross-row overlap
+Yp = E sum_s A_ts A_t's (sub-leading in 001 B.2.2) is kept at finite T: e^(rho V) / T, capped by Y2.
+T = inf gives 001's asymptotic laws exactly (Y2 = max(0, 1 - beta_c/beta), Yp = 0).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def beta_c(q, p, q_query=None):
+    """Critical beta (001 Result 1): sqrt(2 / (q (q - p))); q_query adds the query bias's share."""
+    qq = q if q_query is None else q_query
+    gap = np.maximum(q - p, 1e-300)
+    return np.sqrt(2.0 / (qq * gap))
+
+
+def participation(beta, bc, rho, T):
+    """(Y2, Yp, Y3): IPR of an attention row, cross-row overlap, third participation ratio."""
+    x = np.divide(beta, bc)
+    loc = np.clip(1.0 - 1.0 / np.maximum(x, 1e-300), 0.0, None)  # 001 eq. 12
+    if np.isinf(T):
+        y2, yp = loc, np.zeros_like(loc)
+        y3 = _y3_localized(x)
+        return y2, yp, y3
+    lnT = np.log(T)
+    v = 2.0 * np.minimum(x, 0.5) ** 2 * lnT  # score variance, frozen at the CLT boundary x = 1/2
+    ann2 = np.exp(v) / T  # annealed: E e^{2a} / (T (E e^a)^2)
+    y2 = np.maximum(ann2, loc)
+    yp = np.minimum(y2, np.exp(rho * v) / T)
+    y3 = np.maximum(np.exp(3.0 * v) / T**2, _y3_localized(x))  # annealed E e^{3a} / (T^2 (E e^a)^3)
+    return y2, yp, y3
+
+
+def _y3_localized(x):
+    """Y3 in the localized phase: Gamma(3 - m) / (Gamma(3) Gamma(1 - m)) = (1 - m)(2 - m)/2, m = 1/x (REM)."""
+    m = np.clip(1.0 / np.maximum(x, 1e-300), 0.0, 1.0)
+    return (1.0 - m) * (2.0 - m) / 2.0
+
+
+def phase(beta, bc):
+    """'uniform' below beta_c/2, 'crossover' in [beta_c/2, beta_c), 'localized' at and above beta_c (001 B.3)."""
+    x = np.asarray(beta / bc)
+    return np.where(x >= 1.0, "localized", np.where(x >= 0.5, "crossover", "uniform"))
+
+
+def mixing(y2, yp, T, centered: bool, attn_dropout: float = 0.0):
+    """Moments of the mixing matrix W (A, or A - 1/T when centered), with attention dropout on A.
+
+    Returns (d_row, x_row, s2, sx): E sum_s W_ts^2, E sum_s W_ts W_t's (t != t'),
+    E (sum_s W_ts)^2, E (sum_s W_ts)(sum_s W_t's).
+    """
+    keep = 1.0 - attn_dropout
+    d_row = y2 / keep
+    s2 = 1.0 + y2 * attn_dropout / keep
+    if centered:  # rows of A - 1/T sum to zero (001 Algorithm 3)
+        inv_t = 0.0 if np.isinf(T) else 1.0 / T
+        return d_row - inv_t, yp - inv_t, s2 - 1.0, 0.0
+    return d_row, yp, s2, 1.0
+
+
+def mix_forward(qv, pv, mom):
+    """Value-path second moments after mixing by W (001 eq. 14 generalised): q, p."""
+    d_row, x_row, s2, sx = mom
+    return pv * s2 + (qv - pv) * d_row, pv * sx + (qv - pv) * x_row
+
+
+def mix_backward(gq, gp, mom, T):
+    """Mirror of mix_forward for the gradient (transpose of W; Q/K path excluded)."""
+    d_row, x_row, s2, sx = mom
+    if np.isinf(T):
+        c2, cx, x_col = d_row + sx, sx, 0.0
+    else:
+        c2 = d_row + (T - 1) * x_row  # E (column sum)^2
+        cx = (s2 - c2) / (T - 1) + sx  # E col_s col_s'
+        x_col = (s2 - d_row) / (T - 1)  # E sum_t W_ts W_ts'
+    return gp * c2 + (gq - gp) * d_row, gp * cx + (gq - gp) * x_col

@@ -1,0 +1,121 @@
+"""Activation kernels: second moments of phi and phi' on a Gaussian pair.
+
+For (u, v) jointly Gaussian with E[u^2] = E[v^2] = q and E[uv] = p (rho = p/q):
+    forward:  kq = E[phi(u)^2],   kp = E[phi(u) phi(v)]      (raw moments: the mean is kept)
+    backward: dq = E[phi'(u)^2],  dp = E[phi'(u) phi'(v)]
+Closed forms for relu and gelu, Gauss-Hermite quadrature for the rest. All functions broadcast.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+SQRT2 = math.sqrt(2.0)
+
+
+def _rho(q, p):
+    return np.clip(np.divide(p, q, out=np.zeros(np.broadcast(q, p).shape), where=np.asarray(q) > 0), -1.0, 1.0)
+
+
+# --- ReLU: arc-cosine kernel (001 eq. 16; Cho & Saul 2009) -------------------------------------
+def relu_forward(q, p):
+    r = _rho(q, p)
+    return q / 2.0, q / (2 * np.pi) * (np.sqrt(1 - r * r) + r * (np.pi - np.arccos(r)))  # 001 eq. 16
+
+
+def relu_backward(q, p):
+    r = _rho(q, p)
+    return np.full_like(np.asarray(r, dtype=float), 0.5), 0.25 + np.arcsin(r) / (2 * np.pi)  # 004 A.4
+
+
+# --- GeLU (exact x Phi(x)): closed forms of 004 A.5 (digest 1.5) --------------------------------
+def gelu_forward(q, p):
+    r = _rho(q, p)
+    a = q / (q + 1)
+    mean2 = q * q / (2 * np.pi * (q + 1))  # 004 A.5: mu = s^2 / sqrt(2 pi (s^2 + 1))
+    kq = q / 4 + q / (2 * np.pi) * (np.arcsin(a) + 2 * q / (np.sqrt(2 * q + 1) * (q + 1)))  # 004 A.5 E[x_out^2]
+    rq = r * q
+    cov = q / (4 * np.pi) * (  # 004 A.5, Table 18 GeLU covariance
+        np.pi * r + 2 * r * np.arcsin(rq / (q + 1))
+        + 2 * q * (q * (1 - r * r) + 1 + r * r) / ((q + 1) * np.sqrt((q + 1) ** 2 - rq * rq))
+        - 2 * a
+    )
+    return kq, cov + mean2
+
+
+def gelu_backward(q, p):
+    r = _rho(q, p)
+    rq = r * q
+    dq = 0.25 + np.arcsin(q / (q + 1)) / (2 * np.pi) + q * (5 * q + 3) / (
+        2 * np.pi * (q + 1) * (2 * q + 1) ** 1.5)  # 004 A.5 backward variance
+    dp = 0.25 + np.arcsin(rq / (q + 1)) / (2 * np.pi) + rq * ((2 * q + 3) * (q + 1) - 2 * rq * rq) / (
+        2 * np.pi * (q + 1) * ((q + 1) ** 2 - rq * rq) ** 1.5)  # 004 A.5 backward covariance
+    return dq, dp
+
+
+# --- Quadrature for the others ------------------------------------------------------------------
+def _erf(x):
+    from scipy.special import erf
+
+    return erf(x)
+
+
+PHI = {
+    "tanh": (np.tanh, lambda x: 1 - np.tanh(x) ** 2),
+    "silu": (lambda x: x / (1 + np.exp(-x)),
+             lambda x: (1 + np.exp(-x) + x * np.exp(-x)) / (1 + np.exp(-x)) ** 2),
+    "gelu_tanh": (
+        lambda x: 0.5 * x * (1 + np.tanh(0.7978845608028654 * (x + 0.044715 * x**3))),
+        lambda x: 0.5 * (1 + np.tanh(0.7978845608028654 * (x + 0.044715 * x**3)))
+        + 0.5 * x * (1 - np.tanh(0.7978845608028654 * (x + 0.044715 * x**3)) ** 2)
+        * 0.7978845608028654 * (1 + 3 * 0.044715 * x**2),
+    ),
+    "gelu": (lambda x: 0.5 * x * (1 + _erf(x / SQRT2)),
+             lambda x: 0.5 * (1 + _erf(x / SQRT2)) + x * np.exp(-x * x / 2) / math.sqrt(2 * np.pi)),
+}
+
+
+@lru_cache(maxsize=4)
+def _hermite(n: int):
+    z, w = np.polynomial.hermite_e.hermegauss(n)  # probabilists' Hermite: weight exp(-z^2/2)
+    return z, w / w.sum()
+
+
+def quadrature(f, q, p, n: int = 48):
+    """(E[f(u)^2], E[f(u) f(v)]) by 2-D Gauss-Hermite quadrature, broadcasting over q, p."""
+    z, w = _hermite(n)
+    q = np.asarray(q, dtype=float)
+    r = _rho(q, p)
+    s = np.sqrt(q)[..., None]
+    fu = f(s * z)  # (..., n)
+    kq = fu**2 @ w
+    c = np.sqrt(1 - r * r)[..., None, None]
+    v = s[..., None] * (r[..., None, None] * z[:, None] + c * z[None, :])  # (..., n, n)
+    kp = np.einsum("...i,...ij,i,j->...", fu, f(v), w, w)
+    return kq, kp
+
+
+def forward(act: str, q, p):
+    """(E[phi(u)^2], E[phi(u)phi(v)]) for the named activation."""
+    if act == "relu":
+        return relu_forward(q, p)
+    if act in ("gelu", "geglu"):
+        return gelu_forward(q, p)
+    if act == "linear":
+        return np.asarray(q, dtype=float), np.asarray(p, dtype=float)
+    return quadrature(PHI["silu" if act == "swiglu" else act][0], q, p)
+
+
+def backward(act: str, q, p):
+    """(E[phi'(u)^2], E[phi'(u)phi'(v)]) for the named activation."""
+    if act == "relu":
+        return relu_backward(q, p)
+    if act in ("gelu", "geglu"):
+        return gelu_backward(q, p)
+    if act == "linear":
+        one = np.ones(np.broadcast(q, p).shape)
+        return one, one
+    return quadrature(PHI["silu" if act == "swiglu" else act][1], q, p)

@@ -1,0 +1,92 @@
+"""Diagnosis: turn an engine Trace of a Spec into findings with stable codes, and the JSON report."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from initadvisor import __version__
+from initadvisor.core.attention import phase
+from initadvisor.core.model import Trace, run_spec
+from initadvisor.rules import RULES
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: str
+    message: str
+    layer: int | None
+    source: str
+
+
+def finding(code: str, message: str, layer: int | None = None) -> Finding:
+    r = RULES[code]
+    return Finding(code, r.severity, message, layer, r.source)
+
+
+def diagnose(spec, trace: Trace) -> list[Finding]:
+    """Findings for one spec; `layer` is the stream index (0 = input, i = after block i)."""
+    th = spec.thresholds
+    out: list[Finding] = []
+    rho = trace.rho
+    hit = np.flatnonzero(rho >= th["rank_collapse_rho"])
+    if hit.size:
+        k = int(hit[0])
+        out.append(finding("IA101", f"rho reaches {rho[k]:.4f} >= {th['rank_collapse_rho']} at layer {k} "
+                                    f"of {spec.layers} (final rho {rho[-1]:.4f})", k))
+    elif rho[-1] >= th["collapse_trend_rho"]:
+        out.append(finding("IA102", f"final rho {rho[-1]:.4f} >= {th['collapse_trend_rho']} "
+                                    f"(rho rises from {rho[0]:.3f} at the input)", spec.layers))
+    x = trace.beta / trace.beta_c
+    worst = int(np.argmax(x))
+    if x[worst] >= 1.0:
+        out.append(finding("IA201", f"beta {trace.beta[worst]:.3f} >= beta_c {trace.beta_c[worst]:.3f} at block "
+                                    f"{worst + 1} (IPR Y2 {trace.y2[worst]:.3f}; {int((x >= 1).sum())} of "
+                                    f"{spec.layers} blocks localized)", worst + 1))
+    elif x[worst] >= 0.5:
+        out.append(finding("IA202", f"beta {trace.beta[worst]:.3f} is in [beta_c/2, beta_c) = "
+                                    f"[{trace.beta_c[worst] / 2:.3f}, {trace.beta_c[worst]:.3f}) at block "
+                                    f"{worst + 1}", worst + 1))
+    if spec.causal:
+        out.append(finding("IA901", "causal attention: (q, p) describe late tokens (001 C.6); early positions "
+                                    "are not resolved by this single-pair prediction"))
+    return out
+
+
+def verdict(findings: list[Finding], fail_on: str) -> str:
+    levels = {"error": ("error",), "warning": ("error", "warning"), "never": ()}[fail_on]
+    return "fail" if any(f.severity in levels for f in findings) else "pass"
+
+
+def _f(x) -> float:
+    return float(f"{float(x):.6g}")
+
+
+def layer_rows(trace: Trace) -> list[dict]:
+    rows = []
+    phases = phase(trace.beta, trace.beta_c)
+    for i in range(trace.q.shape[0]):
+        row = {"index": i, "q": _f(trace.q[i]), "p": _f(trace.p[i]), "rho": _f(trace.rho[i]),
+               "grad_q": _f(trace.grad_q[i]), "grad_p": _f(trace.grad_p[i])}
+        if i > 0:
+            b = i - 1
+            row.update(beta=_f(trace.beta[b]), beta_c=_f(trace.beta_c[b]), ipr=_f(trace.y2[b]),
+                       attention_phase=str(phases[b]))
+        rows.append(row)
+    return rows
+
+
+def check(spec, fail_on: str = "error") -> dict:
+    """Run the engine on a spec and build the `initadvisor.check/1` report."""
+    trace = run_spec(spec)
+    findings = diagnose(spec, trace)
+    return {
+        "schema": "initadvisor.check/1",
+        "version": __version__,
+        "spec": spec.to_dict(),
+        "verdict": verdict(findings, fail_on),
+        "findings": [asdict(f) for f in findings],
+        "layers": layer_rows(trace),
+    }
