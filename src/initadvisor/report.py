@@ -6,7 +6,7 @@ SPARK = "▁▂▃▄▅▆▇█"
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
-def sparkline(values, lo: float = 0.0, hi: float = 1.0, width: int = 60) -> str:
+def sparkline(values, lo: float = 0.0, hi: float = 1.0, width: int = 48) -> str:
     """Values resampled to at most `width` bars between lo and hi."""
     n = len(values)
     idx = [round(i * (n - 1) / max(width - 1, 1)) for i in range(min(width, n))]

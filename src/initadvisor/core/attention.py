@@ -26,7 +26,7 @@ def beta_c(q, p, q_query=None):
 def participation(beta, bc, rho, T):
     """(Y2, Yp, Y3): IPR of an attention row, cross-row overlap, third participation ratio."""
     x = np.divide(beta, bc)
-    loc = np.clip(1.0 - 1.0 / np.maximum(x, 1e-300), 0.0, None)  # 001 eq. 12
+    loc = np.maximum(1.0 - 1.0 / np.maximum(x, 1e-300), 0.0)  # 001 eq. 12
     if np.isinf(T):
         y2, yp = loc, np.zeros_like(loc)
         y3 = _y3_localized(x)
@@ -42,7 +42,7 @@ def participation(beta, bc, rho, T):
 
 def _y3_localized(x):
     """Y3 in the localized phase: Gamma(3 - m) / (Gamma(3) Gamma(1 - m)) = (1 - m)(2 - m)/2, m = 1/x (REM)."""
-    m = np.clip(1.0 / np.maximum(x, 1e-300), 0.0, 1.0)
+    m = np.minimum(1.0 / np.maximum(x, 1e-300), 1.0)
     return (1.0 - m) * (2.0 - m) / 2.0
 
 

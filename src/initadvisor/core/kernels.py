@@ -17,7 +17,7 @@ SQRT2 = math.sqrt(2.0)
 
 
 def _rho(q, p):
-    return np.clip(np.divide(p, q, out=np.zeros(np.broadcast(q, p).shape), where=np.asarray(q) > 0), -1.0, 1.0)
+    return np.minimum(np.maximum(np.asarray(p, dtype=float) / q, -1.0), 1.0)
 
 
 # --- ReLU: arc-cosine kernel (001 eq. 16; Cho & Saul 2009) -------------------------------------

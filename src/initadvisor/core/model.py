@@ -54,20 +54,25 @@ def propagate(blocks: Sequence[BlockParams], q0, p0, backward: bool = True) -> T
     if backward:
         for P, cache in zip(reversed(blocks), reversed(caches)):
             gq, gp = block_backward(gq, gp, cache, P)
-            gqs.append(np.broadcast_to(gq, shape))
-            gps.append(np.broadcast_to(gp, shape))
-    gqs, gps = np.array(gqs[::-1]), np.array(gps[::-1])
+            gqs.append(gq)
+            gps.append(gp)
+    gqs, gps = _stack(gqs[::-1], shape), _stack(gps[::-1], shape)
 
-    def stack(key: str) -> np.ndarray:
-        return np.array([np.broadcast_to(getattr(c["att"], key), shape) for c in caches])
+    def att(key: str) -> np.ndarray:
+        return _stack([getattr(c["att"], key) for c in caches], shape)
 
     return Trace(
-        q=np.array([np.broadcast_to(x, shape) for x in qs]), p=np.array([np.broadcast_to(x, shape) for x in ps]),
-        grad_q=gqs, grad_p=gps, grad_scale=gqs[0],
-        att_q=stack("q_in"), att_p=stack("p_in"),
-        beta=np.array([np.broadcast_to(P.beta, shape) for P in blocks]),
-        beta_c=stack("beta_c"), y2=stack("y2"), y3=stack("y3"),
+        q=_stack(qs, shape), p=_stack(ps, shape), grad_q=gqs, grad_p=gps, grad_scale=gqs[0],
+        att_q=att("q_in"), att_p=att("p_in"), beta=_stack([P.beta for P in blocks], shape),
+        beta_c=att("beta_c"), y2=att("y2"), y3=att("y3"),
     )
+
+
+def _stack(xs: list, shape: tuple) -> np.ndarray:
+    """Stack per-layer values into (n, *shape), broadcasting only when a value's shape differs."""
+    if all(np.shape(x) == shape for x in xs):
+        return np.array(xs, dtype=float)
+    return np.array([np.broadcast_to(x, shape) for x in xs], dtype=float)
 
 
 # ---------------------------------------------------------------------------------------------

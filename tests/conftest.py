@@ -1,0 +1,13 @@
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = sorted((ROOT / "model_specs").glob("*.yaml"))
+
+
+@pytest.fixture
+def rng():
+    import numpy as np
+
+    return np.random.default_rng(12345)
