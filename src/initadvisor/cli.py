@@ -33,14 +33,24 @@ class FailOn(str, Enum):
     never = "never"
 
 
+def is_hf_config(path: Path) -> bool:
+    return path.suffix == ".json" or (path.is_dir() and (path / "config.json").is_file())
+
+
 def load(path: Path, seq_len: int | None = None, input_correlation: float | None = None,
          dropout: float | None = None):
-    """A YAML spec or a HuggingFace config.json, with command-line overrides applied."""
-    from initadvisor.spec import load_spec
+    """(spec, notes) from a YAML spec or a HuggingFace config.json, with command-line overrides applied."""
+    notes: list[str] = []
+    if is_hf_config(path):
+        from initadvisor.hf import import_config
 
-    spec = load_spec(path)
+        spec, notes = import_config(path, seq_len)
+    else:
+        from initadvisor.spec import load_spec
+
+        spec = load_spec(path)
     try:
-        return spec.with_overrides(seq_len=seq_len, input_correlation=input_correlation, dropout=dropout)
+        return spec.with_overrides(seq_len=seq_len, input_correlation=input_correlation, dropout=dropout), notes
     except SpecError as e:
         raise SpecError(e.message, "command line", None, {"sequence.length": "--seq-len", "dropout": "--dropout",
                         "sequence.input_correlation": "--input-correlation"}.get(e.key or "", e.key)) from None
@@ -63,8 +73,9 @@ def check(
     """Predict signal propagation layer by layer and gate on the findings."""
     from initadvisor.diagnose import check as run_check
 
-    s = load(spec, seq_len, input_correlation, dropout)
+    s, notes = load(spec, seq_len, input_correlation, dropout)
     report = run_check(s, fail_on.value)
+    report["notes"] = notes
     if format is CheckFormat.json:
         emit_json(report)
     else:
@@ -74,6 +85,18 @@ def check(
 
         render_check(report, Console())
     raise typer.Exit(1 if report["verdict"] == "fail" else 0)
+
+
+@app.command("import")
+def import_(
+    config: Path = typer.Argument(..., help="HuggingFace config.json (or a folder holding one)."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Sequence length [max_position_embeddings]."),
+) -> None:
+    """Write the YAML spec equivalent to a HuggingFace config.json on stdout."""
+    from initadvisor.hf import read_hf_config, to_yaml
+
+    data, notes = read_hf_config(config, seq_len)
+    sys.stdout.write(to_yaml(data, notes, source=str(config)))
 
 
 def main() -> None:

@@ -7,8 +7,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from initadvisor import __version__
+from initadvisor.core import gradients as G
 from initadvisor.core.attention import phase
-from initadvisor.core.model import Trace, run_spec
+from initadvisor.core.model import Trace, block_params, run_spec
 from initadvisor.rules import RULES
 
 
@@ -24,6 +25,20 @@ class Finding:
 def finding(code: str, message: str, layer: int | None = None) -> Finding:
     r = RULES[code]
     return Finding(code, r.severity, message, layer, r.source)
+
+
+def qk_laws(spec, trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """Per block: Result 2's scaled Q gradient and Noci's Q/K-to-V gradient ratio at the attention input."""
+    P = block_params(spec)
+    q, p = trace.att_q, trace.att_p
+    qk = G.qk_grad(trace.beta, P.g_v * P.g_o, q, p, trace.y2, trace.y3, trace.beta_c)
+    tau2 = trace.beta**2 * np.log(spec.seq_len)  # score variance for unit inputs (Noci's tau^2)
+    ratio = G.qk_to_v_grad_ratio(tau2, q, p / q, spec.seq_len, spec.d_model)
+    return qk, ratio
+
+
+def growth(spec, trace: Trace) -> dict:
+    return {"forward": G.forward_growth(trace.q), "gradient": G.gradient_growth(trace.grad_q, trace.q, spec.norm)}
 
 
 def diagnose(spec, trace: Trace) -> list[Finding]:
@@ -49,6 +64,27 @@ def diagnose(spec, trace: Trace) -> list[Finding]:
         out.append(finding("IA202", f"beta {trace.beta[worst]:.3f} is in [beta_c/2, beta_c) = "
                                     f"[{trace.beta_c[worst] / 2:.3f}, {trace.beta_c[worst]:.3f}) at block "
                                     f"{worst + 1}", worst + 1))
+    law = growth(spec, trace)["gradient"]
+    end = law["blocks"]
+    how = {"hyperbolic": lambda: f"hyperbolic, exponent {law['exponent']:.2f}",
+           "exponential": lambda: f"exponential, factor {law['per_layer_factor']:.4f} per layer"}
+    desc = how[law["law"]]() if law["law"] in how else law["law"]
+    if end > th["grad_explode"]:
+        out.append(finding("IA301", f"gradient second moment grows {end:.3g}x from block {spec.layers} to block 1 "
+                                    f"({desc}) > {th['grad_explode']:g}", 1))
+    elif end < th["grad_vanish"]:
+        out.append(finding("IA302", f"gradient second moment shrinks to {end:.3g} of its top value at "
+                                    f"block 1 ({desc}) < {th['grad_vanish']:g}", 1))
+    qk, ratio = qk_laws(spec, trace)
+    worst = int(np.argmin(ratio))
+    if ratio[worst] < th["qk_grad_ratio_min"]:
+        out.append(finding("IA303", f"Q/K-to-V gradient ratio {ratio[worst]:.2e} < {th['qk_grad_ratio_min']:g} "
+                                    f"at block {worst + 1} (rho {trace.att_p[worst] / trace.att_q[worst]:.3f} "
+                                    f"at its input)", worst + 1))
+    if x[0] < 0.5:
+        out.append(finding("IA304", f"block 1 attends uniformly (IPR {trace.y2[0]:.2e}): Result 2's Q/K gradient "
+                                    f"factor E tr(M^2) = {G.jacobian_trace(trace.y2[0], trace.y3[0], x[0]):.2e} "
+                                    f"(at most 1/12, reached at beta = 2 beta_c)", 1))
     if spec.causal:
         out.append(finding("IA901", "causal attention: (q, p) describe late tokens (001 C.6); early positions "
                                     "are not resolved by this single-pair prediction"))
@@ -64,16 +100,17 @@ def _f(x) -> float:
     return float(f"{float(x):.6g}")
 
 
-def layer_rows(trace: Trace) -> list[dict]:
+def layer_rows(spec, trace: Trace) -> list[dict]:
     rows = []
     phases = phase(trace.beta, trace.beta_c)
+    qk, ratio = qk_laws(spec, trace)
     for i in range(trace.q.shape[0]):
         row = {"index": i, "q": _f(trace.q[i]), "p": _f(trace.p[i]), "rho": _f(trace.rho[i]),
                "grad_q": _f(trace.grad_q[i]), "grad_p": _f(trace.grad_p[i])}
         if i > 0:
             b = i - 1
             row.update(beta=_f(trace.beta[b]), beta_c=_f(trace.beta_c[b]), ipr=_f(trace.y2[b]),
-                       attention_phase=str(phases[b]))
+                       attention_phase=str(phases[b]), qk_grad=_f(qk[b]), qk_to_v_grad_ratio=_f(ratio[b]))
         rows.append(row)
     return rows
 
@@ -88,5 +125,10 @@ def check(spec, fail_on: str = "error") -> dict:
         "spec": spec.to_dict(),
         "verdict": verdict(findings, fail_on),
         "findings": [asdict(f) for f in findings],
-        "layers": layer_rows(trace),
+        "growth": _clean(growth(spec, trace)),
+        "layers": layer_rows(spec, trace),
     }
+
+
+def _clean(d: dict) -> dict:
+    return {k: _clean(v) if isinstance(v, dict) else (_f(v) if isinstance(v, float) else v) for k, v in d.items()}

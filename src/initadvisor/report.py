@@ -53,6 +53,8 @@ def render_check(report: dict, console) -> None:
         t.add_row(str(i), f"{r['q']:.4g}", f"{r['rho']:.4f}", ratio, f"{r.get('ipr', 0):.3g}" if i else "-",
                   r.get("attention_phase", "input"), f"{r['grad_q']:.3g}")
     console.print(t)
+    for note in report.get("notes", []):
+        console.print(f"[dim]note: {note}[/]")
     if not report["findings"]:
         console.print("[green]no findings[/]")
     for f in report["findings"]:

@@ -41,6 +41,30 @@ RULES: dict[str, Rule] = {r.code: r for r in [
          "no longer Gaussian and attention is partly localized; the asymptotic laws are not sharp here.",
          "beta_c / 2 <= beta < beta_c", "Giorlandino & Goldt 2025, sec. 3.2 and B.3", "beta / beta_c >= 0.5",
          "Lower the Q/K init std below beta_c / 2."),
+    Rule("IA301", "exploding-gradient", "error", "Exploding gradients towards the input",
+         "The loss gradient's second moment grows from the top of the stack to the input beyond the threshold: "
+         "Pre-LN grows hyperbolically (q_L / q_l)^C, Post-LN exponentially C5^(L - l).",
+         "grad_q[1] / grad_q[L] (through the blocks) from the backward moment recurrence", "Kedia et al. 2024, App. E.1.2, E.2 (eq. 3)",
+         "thresholds.grad_explode [1e3]",
+         "Scale residual branches (DeepScaleLM lambda/beta, GPT-2's 1/sqrt(2N)), see `initadvisor recommend`."),
+    Rule("IA302", "vanishing-gradient", "error", "Vanishing gradients towards the input",
+         "The loss gradient's second moment shrinks from the top of the stack to the input below the threshold "
+         "(Post-LN's exponential decay C5^(L - l) with C5 < 1).",
+         "grad_q[1] / grad_q[L]", "Kedia et al. 2024, App. E.2 (eq. 3)", "thresholds.grad_vanish [1e-3]",
+         "Use pre-LN or DeepScaleLM/DeepNorm scaling; see `initadvisor recommend`."),
+    Rule("IA303", "qk-gradient-vanishing", "warning", "Vanishing query/key gradients",
+         "Query/key gradients are negligible against value gradients at some block: correlated tokens "
+         "(rho -> 1) and a small score scale starve attention's Q/K of signal, so attention cannot learn.",
+         "E||dS/dW_Q||^2 / E||dS/dW_V||^2 = tau^2 sigma_x^4 (n-1)(1-rho)^2 (n+d) / (d n (1 + rho (n-1)))",
+         "Noci et al. 2022, eqs. 17, 18, 46", "thresholds.qk_grad_ratio_min [1e-4]",
+         "Avoid rank collapse (IA101), or temper the softmax with tau (Noci eq. 47), see `initadvisor recommend`."),
+    Rule("IA304", "qk-gradient-uniform-phase", "info", "Q/K gradients suppressed by uniform attention",
+         "In the uniform attention phase (beta < beta_c / 2) the query/key gradient carries the softmax "
+         "Jacobian's trace E tr(M^2) ~ Y2 ~ 1/T: small at initialisation, restored once skip connections move "
+         "the tokens (001 sec. 3.3).",
+         "T/(d^2 sqrt(ln T)) E||dL/dW_Q||^2 = C beta sigma_v^2 q (q-p)^2 [Y2 - 2 Y3 + E Y2^2]",
+         "Giorlandino & Goldt 2025, Result 2 (eq. 13, trace corrected)", "beta < beta_c / 2 at block 1",
+         "None needed with skip connections; a larger beta up to beta_c / 2 raises it."),
     Rule("IA901", "causal-late-token", "info", "Causal model: late-token approximation",
          "For causal attention the single (q, p) pair describes late tokens only; early tokens average over "
          "few keys and follow other laws.", "late-token simplex approximation", "Giorlandino & Goldt 2025, C.6",

@@ -142,7 +142,7 @@ THRESHOLDS = {
     "collapse_trend_rho": 0.9,  # final rho at or above this: collapse trend (warning)
     "grad_explode": 1e3,  # end-to-end gradient second-moment ratio above this: exploding (error)
     "grad_vanish": 1e-3,  # ... below this: vanishing (error)
-    "qk_grad_ratio_min": 1e-2,  # Noci query/key-to-value gradient ratio below this: vanishing Q/K gradient
+    "qk_grad_ratio_min": 1e-4,  # Noci query/key-to-value gradient ratio below this: vanishing Q/K gradient
 }
 
 _MATRIX = {"std": "pos", "gain": "pos", "bias_std": "nonneg"}

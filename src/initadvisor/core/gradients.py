@@ -1,0 +1,75 @@
+"""Query/key gradient laws and the depth-growth laws of the forward and backward moments.
+
+Result 2 of Giorlandino & Goldt (001 eq. 13, B.4) is evaluated with the exact trace of the softmax
+Jacobian M = diag(A) - A A^T: since M 1 = 0, tr(M Q M Q) = (q - p)^2 tr(M^2) and
+E tr(M^2) = Y2 - 2 Y3 + E[Y2^2]. The printed eq. 13 carries p Y2^2 in place of (q - p) E[Y2^2]
+(term (4) of B.4 keeps a p that M 1 = 0 removes); in the localized phase E[Y2^2] = (1 - m)(3 - 2m)/3
+(Poisson-Dirichlet(m)), so the bracket is m (1 - m) / 3 >= 0, where the printed form can go negative.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def jacobian_trace(y2, y3, x):
+    """E tr(M^2) per attention row: Y2 - 2 Y3 + E[Y2^2] (x = beta / beta_c gives the phase)."""
+    m = np.minimum(1.0 / np.maximum(x, 1e-300), 1.0)
+    y2sq = np.maximum(y2 * y2, (1.0 - m) * (3.0 - 2.0 * m) / 3.0)  # PD(m) second moment of Y2
+    return np.maximum(y2 - 2.0 * y3 + y2sq, 0.0)
+
+
+def qk_grad(beta, sigma_v2, q, p, y2, y3, beta_c):
+    """Scaled query-gradient norm T/(d^2 sqrt(ln T)) E||dL/dW_Q||^2 up to C (001 eq. 13, corrected trace)."""
+    return beta * sigma_v2 * q * (q - p) ** 2 * jacobian_trace(y2, y3, beta / beta_c)
+
+
+def qk_to_v_grad_ratio(tau2, sigma_x2, rho, n, d):
+    """E||dS/dW_Q||^2 / E||dS/dW_V||^2 under uniform attention (Noci eqs. 18 / 17, with eq. 46's tau)."""
+    return tau2 * sigma_x2**2 * (n - 1) * (1 - rho) ** 2 * (n + d) / (d * n * (1 + rho * (n - 1)))
+
+
+def balancing_tau(sigma_x2, rho, n, d):
+    """Softmax inverse temperature that equalises Q/K and V gradient norms (Noci eq. 47)."""
+    return np.sqrt(d * n * (1 + rho * (n - 1)) / (sigma_x2**2 * (1 - rho) ** 2 * (n + d) * (n - 1)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Depth-growth laws (Kedia et al. 004 App. E.1, E.2; digest 3.2-3.4)
+
+
+def _fit(x, y):
+    """Least-squares line y = a + b x and its R^2."""
+    b, a = np.polyfit(x, y, 1)
+    resid = y - (a + b * x)
+    ss = float(np.sum((y - y.mean()) ** 2))
+    return float(a), float(b), 1.0 - float(np.sum(resid**2)) / ss if ss > 0 else 1.0
+
+
+def forward_growth(q: np.ndarray) -> dict:
+    """Forward variance against depth over blocks 1..L: Pre-LN grows linearly, q_l ~ q_0 + C3 l (004 E.1.1)."""
+    ends = {"end_to_end": float(q[-1] / q[0]), "blocks": float(q[-1] / q[1])}
+    if len(q) < 4:
+        return {"law": "too-shallow", **ends}
+    a, b, r2 = _fit(np.arange(1, len(q), dtype=float), q[1:])
+    law = "constant" if abs(ends["blocks"] - 1) < 0.05 else ("linear" if r2 > 0.98 else "nonlinear")
+    return {"law": law, "per_layer": b, "intercept": a, "fit_r2": r2, **ends}
+
+
+def gradient_growth(grad_q: np.ndarray, q: np.ndarray, norm: str) -> dict:
+    """Gradient second moment from the top (index L) to the input: `blocks` (index 1, the gate's measure)
+    and `end_to_end` (index 0, which adds the embedding stage: a first norm divides by the embedding q).
+
+    Pre-LN: hyperbolic, grad_l ~ (q_L / q_l)^C (004 E.1.2: (N/n)^C_g); post-LN and no norm: exponential
+    with a per-layer factor C5, grad_l ~ C5^(L - l) (004 E.2, eq. 3). The fit is over layers 1..L.
+    """
+    L = len(grad_q) - 1
+    ends = {"end_to_end": float(grad_q[0] / grad_q[-1]), "blocks": float(grad_q[1] / grad_q[-1])}
+    if L < 3:
+        return {"law": "too-shallow", **ends}
+    g = np.log(np.maximum(grad_q[1:], 1e-300))
+    if norm == "pre" and q[-1] > 1.05 * q[1]:
+        a, c, r2 = _fit(np.log(q[-1] / q[1:]), g)
+        return {"law": "hyperbolic", "exponent": c, "fit_r2": r2, **ends}
+    a, s, r2 = _fit(np.arange(1, L + 1, dtype=float), g)
+    return {"law": "exponential", "per_layer_factor": float(np.exp(-s)), "fit_r2": r2, **ends}

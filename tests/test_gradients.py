@@ -1,0 +1,78 @@
+"""Query/key gradient laws (001 Result 2, Noci eqs. 17/18/47) and the depth-growth laws."""
+
+import numpy as np
+import pytest
+
+from initadvisor.core import gradients as G
+from initadvisor.core.attention import participation
+
+
+def softmax_rows(T, x, rng, rows):
+    a = rng.standard_normal((rows, T)) * np.sqrt(2 * x * x * np.log(T))
+    A = np.exp(a - a.max(1, keepdims=True))
+    return A / A.sum(1, keepdims=True)
+
+
+def test_jacobian_trace_identity(rng):
+    """tr(M Q M Q) = (q - p)^2 (Y2 - 2 Y3 + Y2^2) row by row, for M = diag(A) - A A^T, Q = (q-p) I + p J."""
+    T, q, p = 64, 1.3, 0.4
+    Q = (q - p) * np.eye(T) + p
+    for A in softmax_rows(T, 1.2, rng, 20):
+        M = np.diag(A) - np.outer(A, A)
+        y2, y3 = (A**2).sum(), (A**3).sum()
+        assert np.trace(M @ Q @ M @ Q) == pytest.approx((q - p) ** 2 * (y2 - 2 * y3 + y2**2), rel=1e-10)
+
+
+@pytest.mark.parametrize("x", [2.0, 3.0])
+def test_jacobian_trace_localized_matches_monte_carlo(x, rng):
+    """Localized phase: E tr(M^2) = m (1 - m) / 3 with m = 1/x (Poisson-Dirichlet E[Y2^2]); the printed
+    Result 2 bracket, Y2 - 2 Y3 (p = 0), is negative there while the measured trace is positive."""
+    T = 4096
+    A = softmax_rows(T, x, rng, 1500)
+    y2, y3 = (A**2).sum(1), (A**3).sum(1)
+    mc = np.mean(y2 - 2 * y3 + y2**2)
+    m = 1 / x
+    assert np.mean(y2 - 2 * y3) < 0 < mc
+    assert float(G.jacobian_trace(1 - m, (1 - m) * (2 - m) / 2, x)) == pytest.approx(m * (1 - m) / 3)
+    assert m * (1 - m) / 3 == pytest.approx(mc, rel=0.25)  # finite T = 4096 drifts by ~10-20%
+
+
+def test_jacobian_trace_uniform_matches_monte_carlo(rng):
+    T, x = 1024, 0.25
+    A = softmax_rows(T, x, rng, 2000)
+    y2, y3 = (A**2).sum(1), (A**3).sum(1)
+    mc = np.mean(y2 - 2 * y3 + y2**2)
+    py2, _, py3 = participation(np.array(x), 1.0, 0.0, float(T))
+    assert float(G.jacobian_trace(py2, py3, x)) == pytest.approx(mc, rel=0.05)
+
+
+# Noci et al. digest 2.5: Monte-Carlo of eqs. 17/18 under uniform attention (d, n, rho, sigma_x, tau, MC query,
+# MC value). The ratio of the measured norms is the independent route.
+NOCI_MC = [(30, 10, 0.0, 1.0, 1.0, 1084, 912), (30, 10, 0.3, 1.0, 1.0, 518, 3318),
+           (30, 10, 0.0, 0.5, 1.0, 16.8, 219), (64, 20, 0.05, 1.0, 1.55, 11050, 8049)]
+
+
+@pytest.mark.parametrize("d,n,rho,sx,tau,mc_q,mc_v", NOCI_MC)
+def test_noci_ratio_against_monte_carlo(d, n, rho, sx, tau, mc_q, mc_v):
+    assert G.qk_to_v_grad_ratio(tau**2, sx**2, rho, n, d) == pytest.approx(mc_q / mc_v, rel=0.04)
+
+
+@pytest.mark.parametrize("n,rho,tau", [(20, 0.0, 1.0065), (20, 0.05, 1.4795), (25, 0.10, 2.0418), (30, 0.10, 2.1691)])
+def test_balancing_tau_eq47(n, rho, tau):
+    """Noci eq. 47 at d = 512, sigma_x = 1 (digest 4 table); tau balances the ratio to exactly 1."""
+    assert G.balancing_tau(1.0, rho, n, 512) == pytest.approx(tau, abs=1e-4)
+    t = G.balancing_tau(1.0, rho, n, 512)
+    assert G.qk_to_v_grad_ratio(t**2, 1.0, rho, n, 512) == pytest.approx(1.0)
+
+
+def test_growth_laws_are_recovered():
+    L = np.arange(201, dtype=float)
+    q = 1.0 + 2.2 * L  # Pre-LN forward: linear (004 E.1.1)
+    fwd = G.forward_growth(q)
+    assert fwd["law"] == "linear" and fwd["per_layer"] == pytest.approx(2.2)
+    g = (q[-1] / q) ** 0.8  # hyperbolic with exponent 0.8 (004 E.1.2)
+    grad = G.gradient_growth(g, q, "pre")
+    assert grad["law"] == "hyperbolic" and grad["exponent"] == pytest.approx(0.8)
+    g = 0.96 ** (200 - L)  # Post-LN: C5^(N - n) (004 eq. 3)
+    grad = G.gradient_growth(g, np.ones_like(L), "post")
+    assert grad["per_layer_factor"] == pytest.approx(0.96) and grad["end_to_end"] == pytest.approx(0.96**200)
