@@ -1,0 +1,351 @@
+"""HuggingFace config.json import: field-by-field mapping, round trip through YAML, and the init claims checked
+against the real randomly initialised transformers model.
+
+The configs under tests/data/hf/<family>/ were written by transformers' own config classes (save_pretrained)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from initadvisor.hf import SUPPORTED, import_config, read_hf_config, to_yaml
+from initadvisor.spec import MATRICES, SpecError, parse_spec
+
+DATA = Path(__file__).parent / "data" / "hf"
+FAMILIES = ("bert", "roberta", "electra", "gpt2", "gpt_neox", "llama", "mistral", "qwen2")
+BERT_LIKE = ("bert", "roberta", "electra")
+LLAMA_LIKE = ("llama", "mistral", "qwen2")
+
+
+def cfg_path(family: str) -> Path:
+    return DATA / family / "config.json"
+
+
+def raw(family: str) -> dict:
+    return json.loads(cfg_path(family).read_text())
+
+
+def ignored_fields(notes: list[str]) -> set[str]:
+    found = [n for n in notes if n.startswith("ignored")]
+    assert len(found) <= 1, "ignored fields must be listed in one note"
+    return set(found[0].split(": ", 1)[1].split(", ")) if found else set()
+
+
+def write(tmp_path: Path, data: object, name: str = "config.json") -> Path:
+    p = tmp_path / name
+    p.write_text(data if isinstance(data, str) else json.dumps(data, indent=2))
+    return p
+
+
+# ------------------------------------------------------------------------------------------------
+# Field-by-field mapping, with expectations computed here from the JSON (not through hf.py)
+
+
+def expected(family: str) -> dict:
+    c = raw(family)
+    if family in BERT_LIKE:
+        length = c["max_position_embeddings"] - (c["pad_token_id"] + 1 if family == "roberta" else 0)
+        return dict(
+            layers=c["num_hidden_layers"], d_model=c["hidden_size"], heads=c["num_attention_heads"],
+            kv_heads=c["num_attention_heads"], d_ff=c["intermediate_size"], activation="gelu", norm="post",
+            norm_type="layernorm", embedding_norm=True, causal=False, parallel_residual=False, seq_len=length,
+            vocab=c["vocab_size"], embeddings=("token", "position", "segment"), dropout=c["hidden_dropout_prob"],
+            attention_dropout=c["attention_probs_dropout_prob"], std={m: c["initializer_range"] for m in MATRICES},
+            softmax_scale=1 / math.sqrt(c["hidden_size"] // c["num_attention_heads"]),
+            used={"num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "hidden_act",
+                  "is_decoder", "add_cross_attention", "max_position_embeddings", "vocab_size", "type_vocab_size",
+                  "hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range", "model_type"}
+            | ({"pad_token_id"} if family == "roberta" else set())
+            | ({"embedding_size"} if family == "electra" else set()),
+        )
+    if family == "gpt2":
+        d, layers = c["n_embd"], c["n_layer"]
+        proj = c["initializer_range"] / math.sqrt(2 * layers)
+        return dict(
+            layers=layers, d_model=d, heads=c["n_head"], kv_heads=c["n_head"], d_ff=c["n_inner"] or 4 * d,
+            activation="gelu_tanh", norm="pre", norm_type="layernorm", embedding_norm=False, causal=True,
+            parallel_residual=False, seq_len=c["n_positions"], vocab=c["vocab_size"], embeddings=("token", "position"),
+            dropout=c["resid_pdrop"], attention_dropout=c["attn_pdrop"],
+            std={**{m: c["initializer_range"] for m in MATRICES}, "o": proj, "ff_out": proj},
+            softmax_scale=1 / math.sqrt(d // c["n_head"]),
+            used={"n_layer", "n_embd", "n_head", "n_inner", "activation_function", "n_positions", "vocab_size",
+                  "add_cross_attention", "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "initializer_range",
+                  "resid_pdrop", "embd_pdrop", "attn_pdrop", "model_type"},
+        )
+    base = dict(
+        layers=c["num_hidden_layers"], d_model=c["hidden_size"], heads=c["num_attention_heads"],
+        d_ff=c["intermediate_size"], norm="pre", embedding_norm=False, causal=True,
+        seq_len=c["max_position_embeddings"],
+        vocab=c["vocab_size"], embeddings=("token",), attention_dropout=c["attention_dropout"],
+        std={m: c["initializer_range"] for m in MATRICES},
+        softmax_scale=1 / math.sqrt(c["hidden_size"] // c["num_attention_heads"]),
+    )
+    if family == "gpt_neox":
+        return dict(base, kv_heads=c["num_attention_heads"], activation="gelu", norm_type="layernorm",
+                    parallel_residual=c["use_parallel_residual"], dropout=c["hidden_dropout"],
+                    used={"num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "hidden_act",
+                          "use_parallel_residual", "max_position_embeddings", "vocab_size", "initializer_range",
+                          "hidden_dropout", "attention_dropout", "model_type"})
+    used = {"num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+            "hidden_act", "max_position_embeddings", "vocab_size", "head_dim", "initializer_range", "attention_dropout",
+            "model_type"}
+    used |= {"sliding_window"} if family == "mistral" else {"use_sliding_window"} if family == "qwen2" else set()
+    return dict(base, kv_heads=c["num_key_value_heads"], activation="swiglu", norm_type="rmsnorm",
+                parallel_residual=False, dropout=0.0, used=used)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_mapping_field_by_field(family: str) -> None:
+    spec, notes = import_config(cfg_path(family))
+    exp = expected(family)
+    for key in ("layers", "d_model", "heads", "kv_heads", "d_ff", "activation", "norm", "norm_type", "embedding_norm",
+                "causal", "parallel_residual", "seq_len", "vocab", "embeddings", "dropout", "attention_dropout"):
+        assert getattr(spec, key) == exp[key], key
+    assert spec.attention == "softmax" and spec.out_proj
+    assert spec.softmax_scale == pytest.approx(exp["softmax_scale"], rel=1e-12)
+    for m in MATRICES:
+        assert spec.init[m].std == pytest.approx(exp["std"][m], rel=1e-12), m
+        assert spec.init[m].bias_std == 0.0, m
+    assert spec.name == family  # no _name_or_path in these files
+    assert spec.source == str(cfg_path(family))
+    # every field is either used or listed once as ignored
+    assert ignored_fields(notes) == set(raw(family)) - exp["used"]
+
+
+def test_family_notes() -> None:
+    notes = {f: import_config(cfg_path(f))[1] for f in FAMILIES}
+    joined = {f: "\n".join(n) for f, n in notes.items()}
+    for f in ("gpt_neox", *LLAMA_LIKE):
+        assert "rotary position embedding" in joined[f] and "not modelled" in joined[f]
+        assert "rope_parameters" in ignored_fields(notes[f])
+    assert "0.25" in joined["gpt_neox"]  # partial rotary
+    for f in ("bert", "gpt2"):
+        assert "rotary" not in joined[f]
+    assert "embd_pdrop=0.05" in joined["gpt2"] and "resid_pdrop=0.1" in joined["gpt2"]
+    assert "embedding_size 32 != hidden_size 64" in joined["electra"]
+    assert "pad_token_id + 1 = 2" in joined["roberta"]
+    assert "sliding-window attention (window 64) in 2 of 2 layers" in joined["mistral"]
+    assert "sliding" not in joined["qwen2"].replace("sliding_window", "")  # use_sliding_window false
+    for f in FAMILIES:
+        assert {"transformers_version", "tie_word_embeddings"} <= ignored_fields(notes[f])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_yaml_round_trip(family: str) -> None:
+    d, notes = read_hf_config(cfg_path(family))
+    spec, _ = import_config(cfg_path(family))
+    text = to_yaml(d, notes, source=str(cfg_path(family)))
+    lines = text.splitlines()
+    assert lines[0].startswith("#") and all(n.split()[0] in text for n in notes)
+    back = parse_spec(text, "spec.yaml")
+    assert dataclasses.replace(back, source=spec.source) == spec
+    assert "  q: {std: " in text  # per-matrix init leaves inline, readable
+
+
+def test_read_returns_plain_layout() -> None:
+    d, _ = read_hf_config(cfg_path("gpt2"))
+    assert set(d) == {"name", "model", "sequence", "dropout", "attention_dropout", "init"}
+    assert d["init"]["o"] == {"std": pytest.approx(0.01), "bias_std": 0.0}
+    assert "softmax_scale" not in d["model"]  # standard scale: left to the spec default
+    assert json.loads(json.dumps(d)) == d  # plain data only
+
+
+# ------------------------------------------------------------------------------------------------
+# Variants written on the fly
+
+
+def test_gpt2_unscaled_attention_and_name(tmp_path: Path) -> None:
+    c = raw("gpt2") | {"scale_attn_weights": False, "_name_or_path": "openai-community/gpt2", "n_inner": 96}
+    spec, notes = import_config(write(tmp_path, c))
+    assert spec.softmax_scale == 1.0
+    assert spec.name == "openai-community/gpt2"
+    assert spec.d_ff == 96
+    assert any("scale_attn_weights" in n for n in notes)
+    back = parse_spec(to_yaml(*read_hf_config(write(tmp_path, c))))
+    assert back.softmax_scale == 1.0
+
+
+def test_gpt2_inverse_layer_idx_is_noted(tmp_path: Path) -> None:
+    _, notes = import_config(write(tmp_path, raw("gpt2") | {"scale_attn_by_inverse_layer_idx": True}))
+    assert any("scale_attn_by_inverse_layer_idx" in n and "not modelled" in n for n in notes)
+
+
+def test_llama_gelu_gate_and_head_dim(tmp_path: Path) -> None:
+    c = raw("llama") | {"hidden_act": "gelu_pytorch_tanh", "head_dim": 32}
+    spec, notes = import_config(write(tmp_path, c))
+    assert spec.activation == "geglu"
+    # logits sum head_dim terms with scale head_dim^-0.5: the variance of the spec's default scale
+    assert spec.softmax_scale == pytest.approx(1 / math.sqrt(spec.d_head))
+    assert any("head_dim 32" in n for n in notes)
+
+
+def test_seq_len_override(tmp_path: Path) -> None:
+    spec, notes = import_config(cfg_path("mistral"), seq_len=32)
+    assert spec.seq_len == 32
+    assert not any("sliding-window" in n for n in notes)  # window 64 covers 32 tokens
+    assert any("sequence.length 32" in n for n in notes)
+
+
+def test_missing_optional_fields_use_transformers_defaults(tmp_path: Path) -> None:
+    c = {k: v for k, v in raw("bert").items() if k not in ("hidden_act", "initializer_range", "hidden_dropout_prob")}
+    spec, notes = import_config(write(tmp_path, c))
+    assert spec.activation == "gelu" and spec.init["q"].std == 0.02 and spec.dropout == 0.1
+    assert any(n.startswith("not in the config") and "hidden_act=gelu" in n for n in notes)
+
+
+def test_directory_and_qwen2_sliding(tmp_path: Path) -> None:
+    c = raw("qwen2") | {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}
+    c.pop("layer_types")
+    spec, notes = import_config(write(tmp_path, c).parent)  # a model directory works too
+    assert any("sliding-window attention (window 16) in 1 of 2 layers" in n for n in notes)
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors
+
+
+def test_unsupported_model_type(tmp_path: Path) -> None:
+    with pytest.raises(SpecError) as e:
+        import_config(write(tmp_path, raw("llama") | {"model_type": "t5"}))
+    assert "'t5'" in str(e.value) and all(f in str(e.value) for f in SUPPORTED)
+    assert e.value.key == "model_type" and e.value.file.endswith("config.json") and e.value.line
+
+
+@pytest.mark.parametrize("family,field", [("bert", "hidden_size"), ("gpt2", "n_layer"), ("llama", "intermediate_size"),
+                                          ("roberta", "max_position_embeddings"), ("qwen2", "model_type")])
+def test_missing_field(tmp_path: Path, family: str, field: str) -> None:
+    c = {k: v for k, v in raw(family).items() if k != field}
+    with pytest.raises(SpecError) as e:
+        import_config(write(tmp_path, c))
+    assert e.value.key == field and field in str(e.value)
+
+
+@pytest.mark.parametrize("text,what", [("{not json", "not valid JSON"), ('{"model_type": "bert",}', "not valid JSON"),
+                                       ("[1, 2]", "JSON object"), ('"bert"', "JSON object"),
+                                       ('{"model_type": "gpt2", "n_layer": NaN}', "NaN"), ("", "not valid JSON")])
+def test_bad_json(tmp_path: Path, text: str, what: str) -> None:
+    with pytest.raises(SpecError) as e:
+        read_hf_config(write(tmp_path, text))
+    assert what in str(e.value) and str(tmp_path) in str(e.value)
+
+
+def test_bad_values_name_the_field(tmp_path: Path) -> None:
+    for patch, key in [({"num_hidden_layers": "2"}, "num_hidden_layers"), ({"hidden_act": "relu"}, "hidden_act"),
+                       ({"num_attention_heads": 6}, "num_attention_heads (model.heads)"),
+                       ({"num_key_value_heads": 3}, "num_key_value_heads (model.kv_heads)"),
+                       ({"attention_dropout": 1.5}, "attention_dropout")]:
+        with pytest.raises(SpecError) as e:
+            import_config(write(tmp_path, raw("llama") | patch))
+        assert e.value.key == key, patch
+        assert e.value.line is not None
+
+
+def test_missing_file_and_not_utf8(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="no such file"):
+        import_config(tmp_path / "nope.json")
+    with pytest.raises(SpecError, match="without a config.json"):
+        import_config(tmp_path)
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe{")
+    with pytest.raises(SpecError, match="UTF-8"):
+        import_config(tmp_path / "bin.json")
+
+
+def test_hf_module_does_not_import_transformers() -> None:
+    code = ("import sys; from initadvisor.hf import import_config; import_config(sys.argv[1]); "
+            "bad = [m for m in ('transformers', 'torch') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code, str(cfg_path("llama"))], check=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# The init claims against the real randomly initialised model built by transformers
+
+
+# spec matrix -> regexes searched in the real model's parameter names (weights only)
+PARAMS = {
+    "bert": {"q": ["attention.self.query."], "k": ["attention.self.key."], "v": ["attention.self.value."],
+             "o": ["attention.output.dense."], "ff_in": ["intermediate.dense."],
+             "ff_out": [r"layer\.\d+\.output\.dense\."],
+             "embedding": ["word_embeddings", "position_embeddings", "token_type_embeddings"]},
+    "gpt2": {"qkv": ["attn.c_attn."], "o": ["attn.c_proj."], "ff_in": ["mlp.c_fc."], "ff_out": ["mlp.c_proj."],
+             "embedding": [r"^wte\.", r"^wpe\."]},
+    "gpt_neox": {"qkv": ["attention.query_key_value."], "o": ["attention.dense."], "ff_in": ["mlp.dense_h_to_4h."],
+                 "ff_out": ["mlp.dense_4h_to_h."], "embedding": ["embed_in."]},
+    "llama": {"q": ["q_proj."], "k": ["k_proj."], "v": ["v_proj."], "o": ["o_proj."],
+              "ff_in": ["gate_proj.", "up_proj."], "ff_out": ["down_proj."], "embedding": ["embed_tokens."]},
+}
+for _f in ("roberta", "electra"):
+    PARAMS[_f] = PARAMS["bert"]
+for _f in ("mistral", "qwen2"):
+    PARAMS[_f] = PARAMS["llama"]
+
+
+@pytest.fixture(scope="module")
+def models():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    out = {}
+    for f in FAMILIES:
+        torch.manual_seed(0)
+        config = transformers.AutoConfig.from_pretrained(DATA / f)
+        out[f] = transformers.AutoModel.from_config(config)
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_init_matches_real_model(models, family: str) -> None:
+    import torch
+
+    model = models[family]
+    spec, _ = import_config(cfg_path(family))
+    params = dict(model.named_parameters())
+    # the real model is the shape the spec claims
+    assert model.config.num_hidden_layers == spec.layers
+    for mat, patterns in PARAMS[family].items():
+        ws = [p.detach().flatten() for n, p in params.items()
+              if n.endswith("weight") and any(re.search(s, n) for s in patterns)]
+        assert ws, (family, mat)
+        w = torch.cat(ws)
+        rms = w.pow(2).mean().sqrt().item()  # std about 0: the init is zero-mean
+        claimed = spec.init["q"].std if mat == "qkv" else spec.init[mat].std
+        if mat == "qkv":
+            assert spec.init["q"].std == spec.init["k"].std == spec.init["v"].std
+        assert rms == pytest.approx(claimed, rel=0.05), (family, mat, rms, claimed)
+        assert abs(w.mean().item()) < 0.1 * claimed
+    if family == "gpt2":  # the depth-scaled c_proj really is 1/sqrt(2 n_layer) of the rest
+        assert spec.init["o"].std == pytest.approx(spec.init["q"].std / math.sqrt(2 * spec.layers))
+    biases = {n: p for n, p in params.items() if n.endswith("bias")}
+    if family not in ("llama", "mistral"):  # these have no biases by default
+        assert biases
+    for n, b in biases.items():
+        assert torch.count_nonzero(b) == 0, n  # bias_std 0 everywhere
+    for n, p in params.items():  # norm gains 1, as the spec's norms assume
+        if "norm" in n.lower() and n.endswith("weight"):
+            assert torch.all(p == 1), n
+
+
+def test_real_model_structure_matches_spec(models) -> None:
+    # grouped KV heads, gated MLP width and parallel residual as claimed
+    llama = models["llama"]
+    spec, _ = import_config(cfg_path("llama"))
+    attn = llama.layers[0].self_attn
+    assert attn.k_proj.out_features == spec.kv_heads * spec.d_head
+    assert llama.layers[0].mlp.gate_proj.out_features == spec.d_ff
+    neox_spec, _ = import_config(cfg_path("gpt_neox"))
+    assert models["gpt_neox"].layers[0].use_parallel_residual is neox_spec.parallel_residual is True
+    gpt2_spec, _ = import_config(cfg_path("gpt2"))
+    assert models["gpt2"].h[0].mlp.c_fc.nf == gpt2_spec.d_ff
+    rob_spec, _ = import_config(cfg_path("roberta"))
+    # RoBERTa position ids run from pad_token_id + 1 to max_position_embeddings - 1
+    assert models["roberta"].embeddings.position_embeddings.num_embeddings - 2 == rob_spec.seq_len
+    el = models["electra"]
+    assert el.embeddings_project.in_features == 32 and el.embeddings_project.out_features == 64
