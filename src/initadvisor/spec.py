@@ -86,6 +86,11 @@ class Spec:
         """std^2 x fan-in: the factor a matrix multiplies a per-coordinate second moment by."""
         return self.init[matrix].std ** 2 * self.fan_in(matrix)
 
+    def qk_std_for_beta(self, beta: float) -> float:
+        """Per-matrix Q/K std realising Giorlandino-Goldt's beta: s_Q s_K d scale sqrt(d_head) = beta sqrt(ln T)."""
+        return math.sqrt(beta * math.sqrt(math.log(self.seq_len)) / (self.d_model * self.softmax_scale
+                                                                        * math.sqrt(self.d_head)))
+
     def line_of(self, key: str) -> int | None:
         while key:
             if key in self.lines:
@@ -97,7 +102,7 @@ class Spec:
         """Copy with top-level fields replaced (command-line overrides), re-validated."""
         out = replace(self, **{k: v for k, v in kw.items() if v is not None})
         _check_consistency(out)
-        return out
+        return _resolve_qk_beta(out)
 
     def to_dict(self) -> dict[str, Any]:
         """The normalised spec in the YAML layout, defaults filled in."""
@@ -384,7 +389,16 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
         _check_consistency(spec)
     except SpecError as e:
         raise _fail(e.message, e.key or "", lines, fname) from None
-    return spec
+    return _resolve_qk_beta(spec)
+
+
+def _resolve_qk_beta(spec: Spec) -> Spec:
+    """With init.qk_beta, the Q and K stds are the ones that realise it at the spec's T (001 eq. 9)."""
+    if spec.qk_beta is None:
+        return spec
+    std = spec.qk_std_for_beta(spec.qk_beta)
+    init = {**spec.init, "q": replace(spec.init["q"], std=std), "k": replace(spec.init["k"], std=std)}
+    return replace(spec, init=init)
 
 
 def _check_consistency(spec: Spec) -> None:

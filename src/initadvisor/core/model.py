@@ -110,21 +110,14 @@ def input_moments(spec) -> tuple[float, float]:
 
 def spec_beta(spec) -> float:
     """Giorlandino-Goldt beta of the spec: score std for unit inputs over sqrt(ln T) (THEORY.md 'Units')."""
-    if spec.qk_beta is not None:
-        return spec.qk_beta
     sigma_a = spec.init["q"].std * spec.init["k"].std * spec.d_model * spec.softmax_scale * math.sqrt(spec.d_head)
     return sigma_a / math.sqrt(math.log(spec.seq_len))
-
-
-def qk_std_for_beta(spec, beta: float) -> float:
-    """Per-matrix Q/K std that realises a given beta (001 eq. 9, with the spec's softmax scale)."""
-    return math.sqrt(beta * math.sqrt(math.log(spec.seq_len)) / (spec.d_model * spec.softmax_scale * math.sqrt(spec.d_head)))
 
 
 def block_params(spec) -> BlockParams:
     gain, init = spec.gain, spec.init
     beta = spec_beta(spec)
-    sq = init["q"].std if spec.qk_beta is None else qk_std_for_beta(spec, beta)
+    sq = init["q"].std
     return BlockParams(
         beta=beta, seq_len=float(spec.seq_len),
         g_v=gain("v"), g_o=gain("o") if spec.out_proj else 1.0,
