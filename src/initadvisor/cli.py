@@ -87,6 +87,53 @@ def check(
     raise typer.Exit(1 if report["verdict"] == "fail" else 0)
 
 
+class RecommendFormat(str, Enum):
+    table = "table"
+    json = "json"
+    yaml = "yaml"
+
+
+def spec_yaml(spec_dict: dict, header: str) -> str:
+    import yaml
+
+    return header + yaml.safe_dump(spec_dict, sort_keys=False, default_flow_style=False, width=100)
+
+
+@app.command()
+def recommend(
+    spec: Path = typer.Argument(..., help="YAML model spec (or HuggingFace config.json)."),
+    format: RecommendFormat = typer.Option(RecommendFormat.table, "--format",
+                                           help="table, json, or yaml (the patched spec)."),
+    rho_max: float = typer.Option(0.99, "--rho-max", min=0.0, max=1.0, help="Collapse threshold for alpha_c."),
+    k: float = typer.Option(2.0, "--k", min=0.0, help="DeepScaleLM's k (beta^2 = k/N)."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Override sequence.length."),
+    alpha_mlp: bool = typer.Option(False, "--alpha-mlp", help="Also solve alpha_c for the MLP skip."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the patched spec (YAML) to this file."),
+) -> None:
+    """Solve for beta_c, alpha_c, tau and DeepScaleLM's variances; compare init recipes; patch the spec."""
+    from initadvisor.recommend import recommend as run
+
+    s, notes = load(spec, seq_len)
+    if k <= 0:
+        raise SpecError(f"must be positive, got {k}", "command line", None, "--k")
+    rep = run(s, rho_max=rho_max, k=k, alpha_mlp=alpha_mlp)
+    rep["notes"] = notes
+    patched = spec_yaml(rep["patched_spec"], f"# initadvisor recommend: {rep['patched_recipe']} recipe applied "
+                                             f"to {spec}\n")
+    if out is not None:
+        out.write_text(patched)
+    if format is RecommendFormat.json:
+        emit_json(rep)
+    elif format is RecommendFormat.yaml:
+        sys.stdout.write(patched)
+    else:
+        from rich.console import Console
+
+        from initadvisor.report import render_recommend
+
+        render_recommend(rep, Console())
+
+
 @app.command("import")
 def import_(
     config: Path = typer.Argument(..., help="HuggingFace config.json (or a folder holding one)."),

@@ -61,3 +61,41 @@ def render_check(report: dict, console) -> None:
         where = f" (layer {f['layer']})" if f["layer"] is not None else ""
         console.print(f"[{STYLE[f['severity']]}]{f['severity']:7}[/] [bold]{f['code']}[/]{where}: {f['message']}  "
                       f"[dim]{f['source']}[/]")
+
+
+def render_recommend(rep: dict, console) -> None:
+    from rich.panel import Panel
+    from rich.syntax import Syntax
+    from rich.table import Table
+
+    spec = rep["spec"]
+    a = rep["alpha_c"]
+    lines = [
+        f"[bold]beta[/] now {rep['beta']:.4g}; beta_c {rep['beta_c']:.4g} (binding at block {rep['binding_layer']}); "
+        f"recommended beta {rep['beta_recommended']:.4g} = {rep['beta_margin']} x beta_c/2 -> Q/K std "
+        f"[bold]{rep['qk_std']:.4g}[/]",
+        f"[bold]alpha_c[/] (attention skip, rho < {rep['rho_max']}): "
+        + (f"{a:.4g}  [dim]{rep['alpha_c_how']}[/]" if a is not None else f"none: {rep['alpha_c_how']}"),
+        f"[bold]tau[/] (Noci eq. 47, median over layers): {rep['tau']:.4g}  [dim]{rep['tau_note']}[/]",
+    ]
+    if rep["alpha_c_mlp"] is not None:
+        lines.insert(2, f"[bold]alpha_c (MLP skip)[/]: {rep['alpha_c_mlp']:.4g}")
+    ds = rep["deepscalelm"]
+    vo = ds["sigma_vo2_per_layer"]
+    lines.append(f"[bold]DeepScaleLM[/] (k={ds['k']:g}): lambda^2 {ds['lambda2']:.4g}, beta^2 {ds['beta2']:.4g}, "
+                 f"sigma_e^2 {ds['sigma_e2']:.4g}, sigma_f^2 {ds['sigma_f2']:.4g}, sigma_qk^2 {ds['sigma_qk2']:.4g}, "
+                 f"sigma_vo^2 {vo[0]:.4g} .. {vo[-1]:.4g} (per layer)")
+    lines += [f"[yellow]caveat:[/] {c}" for c in ds["caveats"]]
+    console.print(Panel("\n".join(lines), title=f"initadvisor recommend: {spec['name']}", expand=False))
+    t = Table(show_edge=False, header_style="bold")
+    for col in ("recipe", "final rho", "max beta/beta_c", "grad ratio", "verdict", "findings"):
+        t.add_column(col, justify="left" if col in ("recipe", "findings") else "right")
+    for r in rep["recipes"]:
+        style = "green" if r["verdict"] == "pass" else "red"
+        t.add_row(r["name"], f"{r['final_rho']:.3f}", f"{r['worst_beta_ratio']:.3f}", f"{r['grad_ratio']:.3g}",
+                  f"[{style}]{r['verdict']}[/]", " ".join(r["findings"]))
+    console.print(t)
+    console.print(f"patched spec: the [bold]{rep['patched_recipe']}[/] recipe (`--format yaml` or `--out FILE`)")
+    console.print(Syntax(rep["init_weights"], "python", theme="ansi_dark", word_wrap=True))
+    for line in rep["residual_instructions"]:
+        console.print(f"[dim]residual:[/] {line}")

@@ -72,7 +72,7 @@ class Spec:
     res_attention: Residual
     res_mlp: Residual
     thresholds: dict[str, float] = field(default_factory=dict)
-    source: str | None = None
+    source: str | None = field(default=None, compare=False)
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -105,10 +105,10 @@ class Spec:
         return _resolve_qk_beta(out)
 
     def to_dict(self) -> dict[str, Any]:
-        """The normalised spec in the YAML layout, defaults filled in."""
-        init: dict[str, Any] = {
-            m: {"std": _r(i.std), "gain": _r(self.gain(m)), "bias_std": _r(i.bias_std)} for m, i in self.init.items()
-        }
+        """The normalised spec in the YAML layout, defaults filled in; `build_spec` reads it back."""
+        skip = ("q", "k") if self.qk_beta is not None else ()  # they follow from qk_beta
+        init: dict[str, Any] = {m: {"std": i.std, "bias_std": i.bias_std}
+                                for m, i in self.init.items() if m not in skip}
         init["qk_beta"] = self.qk_beta
         return {
             "name": self.name,
@@ -116,7 +116,7 @@ class Spec:
                 "layers": self.layers, "d_model": self.d_model, "heads": self.heads, "kv_heads": self.kv_heads,
                 "d_ff": self.d_ff, "norm": self.norm, "norm_type": self.norm_type, "attention": self.attention,
                 "out_proj": self.out_proj, "causal": self.causal, "activation": self.activation,
-                "softmax_scale": _r(self.softmax_scale), "embedding_norm": self.embedding_norm,
+                "softmax_scale": self.softmax_scale, "embedding_norm": self.embedding_norm,
                 "parallel_residual": self.parallel_residual,
             },
             "sequence": {
@@ -133,10 +133,6 @@ class Spec:
             },
             "thresholds": dict(self.thresholds),
         }
-
-
-def _r(x: float) -> float:
-    return float(f"{x:.6g}")
 
 
 # ---------------------------------------------------------------------------------------------

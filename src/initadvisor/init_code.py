@@ -1,0 +1,74 @@
+"""A ready-to-paste PyTorch `init_weights(model)` for a recommended spec.
+
+The snippet is the single implementation: `initadvisor.torch.apply` executes the same rendered text, so
+what users paste is what the tests run. Module names covered: HuggingFace BERT/RoBERTa/ELECTRA, GPT-2,
+GPT-NeoX, Llama/Mistral/Qwen2, and nanoGPT.
+"""
+
+from __future__ import annotations
+
+TEMPLATE = '''\
+import torch
+
+STD = {std}
+BIAS_STD = {bias_std}
+# (module-name suffix, role); the first match wins, so the more specific suffixes come first.
+RULES = [
+    ("attention.self.query", "q"), ("attention.self.key", "k"), ("attention.self.value", "v"),
+    ("attention.output.dense", "o"), ("intermediate.dense", "ff_in"), ("output.dense", "ff_out"),
+    ("self_attn.q_proj", "q"), ("self_attn.k_proj", "k"), ("self_attn.v_proj", "v"), ("self_attn.o_proj", "o"),
+    ("mlp.gate_proj", "ff_in"), ("mlp.up_proj", "ff_in"), ("mlp.down_proj", "ff_out"),
+    ("attention.query_key_value", "qkv-neox"), ("attention.dense", "o"),
+    ("mlp.dense_h_to_4h", "ff_in"), ("mlp.dense_4h_to_h", "ff_out"),
+    ("attn.c_attn", "qkv"), ("attn.c_proj", "o"), ("mlp.c_fc", "ff_in"), ("mlp.c_proj", "ff_out"),
+    ("word_embeddings", "embedding"), ("position_embeddings", "embedding"), ("token_type_embeddings", "embedding"),
+    ("wte", "embedding"), ("wpe", "embedding"), ("embed_tokens", "embedding"), ("embed_in", "embedding"),
+]
+
+
+@torch.no_grad()
+def init_weights(model, heads={heads}):
+    """Initialise every recognised matrix with the recommended std; returns {{module name: role}}."""
+    done = {{}}
+    for name, module in model.named_modules():
+        role = next((r for suffix, r in RULES if name.endswith(suffix)), None)
+        w = getattr(module, "weight", None)
+        if role is None or not isinstance(w, torch.Tensor) or w.dim() != 2:
+            continue
+        if role == "qkv":  # GPT-2 Conv1D (d, 3d) or nanoGPT Linear (3d, d): [q | k | v] blocks
+            parts = w.chunk(3, dim=1 if type(module).__name__ == "Conv1D" else 0)
+            for part, r in zip(parts, "qkv"):
+                part.normal_(0.0, STD[r])
+        elif role == "qkv-neox":  # GPT-NeoX: rows interleaved per head as (head, [q, k, v], head_dim)
+            view = w.view(heads, 3, -1, w.shape[1])
+            for i, r in enumerate("qkv"):
+                view[:, i].normal_(0.0, STD[r])
+        else:
+            w.normal_(0.0, STD[role])
+        b = getattr(module, "bias", None)
+        if isinstance(b, torch.Tensor):
+            b.normal_(0.0, BIAS_STD[role]) if BIAS_STD.get(role) else b.zero_()
+        done[name] = role
+    return done
+'''
+
+
+def render(spec) -> str:
+    """The snippet with the spec's per-matrix stds filled in."""
+    std = {m: float(f"{i.std:.6g}") for m, i in spec.init.items()}
+    bias = {m: float(f"{i.bias_std:.6g}") for m, i in spec.init.items()}
+    return TEMPLATE.format(std=std, bias_std=bias, heads=spec.heads)
+
+
+def residual_instructions(spec) -> list[str]:
+    """How to apply the residual scales, which live in the forward pass, not in the weights."""
+    a, m = spec.res_attention, spec.res_mlp
+    if (a.skip, a.block, m.skip, m.block) == (1.0, 1.0, 1.0, 1.0):
+        return ["residual scales are the standard ones (skip 1, block 1): nothing to change in forward()"]
+    out = [f"attention sub-block: x = {a.skip:.6g} * x + {a.block:.6g} * attn(...)",
+           f"MLP sub-block:       x = {m.skip:.6g} * x + {m.block:.6g} * mlp(...)"]
+    if spec.norm == "post":
+        out.append("post-LN: the LayerNorm after each sum removes a common factor, so skip s and block b act "
+                   "like skip 1 and block b/s: dividing the output-projection (o, ff_out) stds by s gives the "
+                   "same forward pass at init without touching forward()")
+    return out

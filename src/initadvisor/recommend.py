@@ -1,0 +1,240 @@
+"""`recommend`: solve for beta, alpha_c, tau and the DeepScaleLM variances; run the known recipes side by side.
+
+Every recipe is a Spec (what the spec format can express) plus per-layer BlockParams fields (what it cannot,
+e.g. DeepScaleLM's per-layer V/O variance or Admin's per-layer skip), run through the same engine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from initadvisor.core import gradients as G
+from initadvisor.core.deepscalelm import dslm_init
+from initadvisor.core.model import Trace, block_params, input_correlation, input_moments, propagate
+from initadvisor.diagnose import diagnose, verdict
+from initadvisor.init_code import render, residual_instructions
+from initadvisor.spec import MatrixInit, Residual, Spec, build_spec
+
+BETA_MARGIN = 0.8  # recommended beta = 0.8 x beta_c,min / 2: inside the sharp (Gaussian) regime of 001 B.3
+ALPHA_CEILING = 16.0  # alpha_c is searched in [0, 16]
+ALPHA_MARGIN = 1.1  # the critical recipe's skip: the given one if above alpha_c, else 1.1 alpha_c
+PATCH_ORDER = ("critical", "deepscalelm-simplified", "gpt2", "deepnorm", "t-fixup", "as-given")
+
+
+@dataclass
+class Recipe:
+    name: str
+    formula: str
+    source: str
+    spec: Spec
+    per_layer: dict[str, np.ndarray] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def run(self) -> Trace:
+        P = block_params(self.spec)
+        blocks = [replace(P, **{k: float(v[i]) for k, v in self.per_layer.items()}) for i in range(self.spec.layers)]
+        return propagate(blocks, *input_moments(self.spec))
+
+
+def _with_init(spec: Spec, **stds: float) -> Spec:
+    init = dict(spec.init)
+    for m, s in stds.items():
+        init[m] = MatrixInit(float(s), init[m].bias_std)
+    return replace(spec, init=init, qk_beta=None)
+
+
+def _xavier(fan_in: int, fan_out: int) -> float:
+    return math.sqrt(2.0 / (fan_in + fan_out))
+
+
+# ---------------------------------------------------------------------------------------------
+# Solvers
+
+
+def max_rho(spec: Spec, **over) -> np.ndarray:
+    """Largest predicted rho over the layers, vectorised over array-valued overrides."""
+    P = replace(block_params(spec), **over)
+    t = propagate([P] * spec.layers, *input_moments(spec), backward=False)
+    return t.rho.max(axis=0)
+
+
+def alpha_c(spec: Spec, rho_max: float, which: str = "skip_a") -> tuple[float | None, str]:
+    """Smallest skip strength (block kept) with rho < rho_max at every layer (001 Fig. 1c), or None and why."""
+    from scipy.optimize import brentq
+
+    grid = np.linspace(0.0, ALPHA_CEILING, 321)
+    ok = max_rho(spec, **{which: grid}) < rho_max
+    if not ok.any():
+        return None, f"no skip strength up to {ALPHA_CEILING:g} keeps rho below {rho_max} at every layer"
+    i = int(np.argmax(ok))
+    if i == 0:
+        return 0.0, "rho stays below the threshold even without this skip connection"
+    f = lambda a: float(max_rho(spec, **{which: a})) - rho_max  # noqa: E731
+    return float(brentq(f, grid[i - 1], grid[i], xtol=1e-6)), "brentq on max_l rho_l(alpha) = rho_max"
+
+
+def beta_recommendation(spec: Spec) -> tuple[float, np.ndarray]:
+    """beta = BETA_MARGIN x min_l beta_c,l / 2, with beta_c at the geometry that beta itself produces."""
+    beta = float(block_params(spec).beta)
+    for _ in range(3):  # fixed point: beta_c depends weakly on beta through the IPR
+        P = replace(block_params(spec), beta=beta)
+        t = propagate([P] * spec.layers, *input_moments(spec), backward=False)
+        beta = BETA_MARGIN * float(t.beta_c.min()) / 2
+    return beta, t.beta_c
+
+
+# ---------------------------------------------------------------------------------------------
+# Recipes
+
+
+def recipe_critical(spec: Spec, beta: float, alpha: float | None) -> Recipe:
+    s = _with_init(spec, q=spec.qk_std_for_beta(beta), k=spec.qk_std_for_beta(beta))
+    given = spec.res_attention.skip
+    skip = given if alpha is None or given > alpha else ALPHA_MARGIN * alpha
+    s = replace(s, res_attention=Residual(skip, spec.res_attention.block))
+    return Recipe("critical", f"Q/K std for beta = {beta:.3f} (< beta_c/2); attention skip "
+                  f"{skip:.3f} (the given one if above alpha_c, else {ALPHA_MARGIN} alpha_c)",
+                  "Giorlandino & Goldt 2025, Result 1, B.3, Fig. 1c", s)
+
+
+def recipe_deepscalelm(spec: Spec, k: float, simplified: bool = False) -> Recipe:
+    d, p = spec.d_model, spec.dropout
+    ds = dslm_init(spec.layers, d, p, k=k, r0=input_correlation(spec), n_embeddings=len(spec.embeddings),
+                   post_ln=spec.norm == "post", simplified=simplified)
+    lam, bet = math.sqrt(ds.lambda2), math.sqrt(ds.beta2)
+    s = _with_init(spec, embedding=math.sqrt(ds.var_embd), q=math.sqrt(ds.var_qk), k=math.sqrt(ds.var_qk),
+                   v=math.sqrt(ds.var_ffn), o=math.sqrt(ds.var_ffn), ff_in=math.sqrt(ds.var_ffn),
+                   ff_out=math.sqrt(ds.var_ffn))
+    s = replace(s, res_attention=Residual(lam, bet), res_mlp=Residual(lam, bet))
+    per_layer = {} if simplified else {"g_v": ds.var_vo * d, "g_o": ds.var_vo * d}
+    name = "deepscalelm-simplified" if simplified else "deepscalelm"
+    return Recipe(name, "lambda^2 = 1 - k/N, beta^2 = k/N; sigma_e^2 = (1-p)/n_emb, sigma_qk^2 = 1/d, "
+                  "sigma_f^2 = sqrt((1-p)/2)/d, V/O per layer sqrt((1-p)/r_l)/d",
+                  "Kedia et al. 2024, sec. 3.5, App. M", s, per_layer, list(ds.caveats))
+
+
+def recipe_gpt2(spec: Spec) -> Recipe:
+    std = spec.init["ff_in"].std
+    scaled = std / math.sqrt(2 * spec.layers)
+    return Recipe("gpt2", "c_proj (attention output, MLP down projection) std = std / sqrt(2N)",
+                  "Radford et al. 2019 (GPT-2), sec. 2.3", _with_init(spec, o=scaled, ff_out=scaled))
+
+
+def recipe_deepnorm(spec: Spec) -> Recipe:
+    N, d, f = spec.layers, spec.d_model, spec.d_ff
+    a, b = (2 * N) ** 0.25, (8 * N) ** -0.25  # DeepNet Table/Fig. 2: encoder-only and decoder-only
+    s = _with_init(spec, q=_xavier(d, d), k=_xavier(d, d), v=b * _xavier(d, d), o=b * _xavier(d, d),
+                   ff_in=b * _xavier(d, f), ff_out=b * _xavier(f, d))
+    s = replace(s, norm="post", embedding_norm=True, parallel_residual=False,
+                res_attention=Residual(a, 1.0), res_mlp=Residual(a, 1.0))
+    return Recipe("deepnorm", f"post-LN x = LN(alpha x + f(x)), alpha = (2N)^(1/4) = {a:.3f}; Xavier init with "
+                  f"gain beta = (8N)^(-1/4) = {b:.3f} on V, O, FFN", "Wang et al. 2022 (DeepNet), sec. 3, Fig. 2", s)
+
+
+def recipe_tfixup(spec: Spec) -> Recipe:
+    N, d, f = spec.layers, spec.d_model, spec.d_ff
+    scale = (9 * N) ** -0.25 if spec.causal else 0.67 * N**-0.25  # decoder vs encoder rule
+    s = _with_init(spec, q=_xavier(d, d), k=_xavier(d, d), v=scale * _xavier(d, d), o=scale * _xavier(d, d),
+                   ff_in=scale * _xavier(d, f), ff_out=scale * _xavier(f, d),
+                   embedding=d**-0.5 * (9 * N) ** -0.25)
+    s = replace(s, norm="none", embedding_norm=False, parallel_residual=False)
+    rule = "(9N)^(-1/4)" if spec.causal else "0.67 N^(-1/4)"
+    return Recipe("t-fixup", f"no LayerNorm; Xavier init, V, O, FFN scaled by {rule} = {scale:.3f}; embeddings "
+                  "N(0, d^-1/2) scaled by (9N)^(-1/4)", "Huang et al. 2020 (T-Fixup), sec. 3.3", s)
+
+
+def recipe_admin(spec: Spec) -> Recipe:
+    """Post-LN with skip omega_i = sqrt(sum_{j<i} Var f_j): branch variances profiled by the engine."""
+    from initadvisor.core.components import attention_forward, mlp_forward
+
+    s = replace(spec, norm="post", embedding_norm=True, parallel_residual=False)
+    base = Recipe("admin", "", "", s).run()
+    P = block_params(s)
+    var_att = P.block_a**2 * attention_forward(base.att_q, base.att_p, P)[0]
+    var_mlp = P.block_m**2 * mlp_forward(1.0, 0.0, P)[0] * np.ones_like(var_att)  # post-LN: MLP input has q = 1
+    q0 = input_moments(s)[0]
+    branch = np.column_stack([var_att, var_mlp]).ravel()  # sublayers in order: att 1, mlp 1, att 2, ...
+    omega = np.sqrt(q0 + np.concatenate([[0.0], np.cumsum(branch)[:-1]]))
+    return Recipe("admin", "post-LN x_i = LN(omega_i x + f_i(x)), omega_i^2 = Var(embeddings) + sum_{j<i} Var f_j",
+                  "Liu et al. 2020 (Admin), sec. 4.2", s, {"skip_a": omega[0::2], "skip_m": omega[1::2]})
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _summary(r: Recipe) -> dict:
+    t = r.run()
+    findings = diagnose(r.spec, t)
+    ratio = float(np.max(t.beta / t.beta_c))
+    law = G.gradient_growth(t.grad_q, t.q, r.spec.norm)
+    return {"name": r.name, "formula": r.formula, "source": r.source, "final_rho": _f(t.rho[-1]),
+            "max_rho": _f(t.rho.max()), "worst_beta_ratio": _f(ratio), "grad_ratio": _f(law["end_to_end"]),
+            "grad_ratio_blocks": _f(law["blocks"]), "verdict": verdict(findings, "error"),
+            "findings": sorted({f.code for f in findings}), "notes": r.notes}
+
+
+def _f(x) -> float:
+    return float(f"{float(x):.6g}")
+
+
+def recommend(spec: Spec, rho_max: float = 0.99, k: float = 2.0, alpha_mlp: bool = False) -> dict:
+    """The `initadvisor.recommend/1` report."""
+    k_caveat = []
+    if k >= spec.layers:  # lambda^2 = 1 - k/N must stay positive
+        k_caveat = [f"k = {k:g} is not below N = {spec.layers}: DeepScaleLM uses k = N/2 = {spec.layers / 2:g}"]
+        k = spec.layers / 2
+    beta, bc = beta_recommendation(spec)
+    a_c, a_how = alpha_c(_with_init(spec, q=spec.qk_std_for_beta(beta), k=spec.qk_std_for_beta(beta)), rho_max)
+    a_m, a_m_how = alpha_c(spec, rho_max, "skip_m") if alpha_mlp else (None, "not requested (--alpha-mlp)")
+    critical = recipe_critical(spec, beta, a_c)
+    t = critical.run()
+    taus = G.balancing_tau(t.att_q, t.att_p / t.att_q, spec.seq_len, spec.d_model)
+    tau = float(np.median(taus))
+    tau_beta = tau / math.sqrt(math.log(spec.seq_len))
+    ds = dslm_init(spec.layers, spec.d_model, spec.dropout, k=k, r0=input_correlation(spec),
+                   n_embeddings=len(spec.embeddings), post_ln=spec.norm == "post")
+    dss = dslm_init(spec.layers, spec.d_model, spec.dropout, k=k, r0=input_correlation(spec),
+                    n_embeddings=len(spec.embeddings), post_ln=spec.norm == "post", simplified=True)
+    recipes = [Recipe("as-given", "the spec unchanged", spec.source or "", spec), critical,
+               recipe_deepscalelm(spec, k), recipe_deepscalelm(spec, k, simplified=True), recipe_gpt2(spec),
+               recipe_deepnorm(spec), recipe_tfixup(spec), recipe_admin(spec)]
+    rows = [_summary(r) for r in recipes]
+    patched, chosen = _patched(recipes, rows)
+    return {
+        "schema": "initadvisor.recommend/1",
+        "spec": spec.to_dict(),
+        "beta": _f(block_params(spec).beta),
+        "beta_c": _f(bc.min()), "beta_c_per_layer": [_f(x) for x in bc], "binding_layer": int(np.argmin(bc)) + 1,
+        "beta_recommended": _f(beta), "beta_margin": BETA_MARGIN, "qk_std": _f(spec.qk_std_for_beta(beta)),
+        "alpha_c": None if a_c is None else _f(a_c), "alpha_c_how": a_how,
+        "alpha_c_mlp": None if a_m is None else _f(a_m), "alpha_c_mlp_how": a_m_how, "rho_max": rho_max,
+        "tau": _f(tau), "tau_per_layer": [_f(x) for x in taus], "tau_beta": _f(tau_beta),
+        "tau_note": ("eq. 47 assumes uniform attention; its tau corresponds to beta = "
+                     f"{tau_beta:.3f}" + (f" >= beta_c/2 = {bc.min() / 2:.3f}: it would leave the uniform phase, "
+                                           "keep beta_recommended" if tau_beta >= bc.min() / 2 else "")),
+        "deepscalelm": {
+            "k": k, "lambda2": _f(ds.lambda2), "beta2": _f(ds.beta2), "sigma_e2": _f(ds.var_embd),
+            "sigma_f2": _f(ds.var_ffn), "sigma_qk2": _f(ds.var_qk),
+            "sigma_vo2_per_layer": [_f(x) for x in ds.var_vo], "corr_per_layer": [_f(x) for x in ds.corr_in],
+            "simplified": {"sigma_vo2": _f(dss.var_ffn), "sigma_f2": _f(dss.var_ffn)},
+            "caveats": k_caveat + list(ds.caveats),
+        },
+        "recipes": rows,
+        "patched_recipe": chosen,
+        "patched_spec": patched,
+        "init_weights": render(build_spec(patched)),
+        "residual_instructions": residual_instructions(build_spec(patched)),
+    }
+
+
+def _patched(recipes: list[Recipe], rows: list[dict]) -> tuple[dict, str]:
+    """The first passing recipe in PATCH_ORDER that the spec format can express (no per-layer values)."""
+    by_name = {r.name: (r, row) for r, row in zip(recipes, rows)}
+    for name in PATCH_ORDER:
+        r, row = by_name[name]
+        if not r.per_layer and row["verdict"] == "pass":
+            return r.spec.to_dict(), name
+    return recipes[0].spec.to_dict(), "as-given"

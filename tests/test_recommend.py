@@ -1,0 +1,136 @@
+"""`recommend`: alpha_c, beta, tau, DeepScaleLM numbers, recipes, patched specs and the PyTorch snippet."""
+
+import json
+import math
+import subprocess
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from initadvisor.recommend import alpha_c, max_rho, recommend
+from initadvisor.spec import build_spec, load_spec
+
+from conftest import ROOT, SPECS
+
+HF_CONFIGS = sorted((ROOT / "tests" / "data" / "hf").glob("*/config.json"))
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "initadvisor", *map(str, args)], capture_output=True, text=True)
+
+
+def test_alpha_c_of_paper001_fig1():
+    """001 Fig. 1c: 60-layer post-LN BERT (ReLU, sigma_w^2 = sigma_v^2 = 0.2, sigma_b^2 = 4e-4, alpha_MLP = 1,
+    small beta): alpha_c lies between 1.0 and 1.5; the engine collapses just below it and not just above."""
+    spec = load_spec(ROOT / "model_specs" / "paper001-fig1-bert60.yaml")
+    a, _ = alpha_c(spec, 0.99)
+    assert 1.0 < a < 1.5
+    assert max_rho(spec, skip_a=a - 0.01) >= 0.99 > max_rho(spec, skip_a=a + 0.01)
+
+
+def test_alpha_c_none_when_unreachable():
+    spec = replace(load_spec(ROOT / "model_specs" / "paper001-fig1-bert60.yaml"), layers=60)
+    a, why = alpha_c(spec, 0.01)  # rho_max below the input's own correlation after one block
+    assert a is None and "no skip strength" in why
+
+
+@pytest.mark.parametrize("path", SPECS + HF_CONFIGS, ids=[p.parent.name if p.name == "config.json" else p.stem
+                                                         for p in SPECS + HF_CONFIGS])
+def test_patched_spec_passes_check(path, tmp_path):
+    out = tmp_path / "patched.yaml"
+    r = run("recommend", path, "--format", "json", "--out", out)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["schema"] == "initadvisor.recommend/1"
+    for key in ("beta_c", "beta_c_per_layer", "beta_recommended", "qk_std", "alpha_c", "alpha_c_mlp", "tau",
+                "tau_per_layer", "deepscalelm", "recipes", "patched_spec"):
+        assert key in rep
+    assert rep["beta_recommended"] < rep["beta_c"] / 2
+    assert {r["name"] for r in rep["recipes"]} >= {"as-given", "critical", "deepscalelm", "gpt2", "deepnorm",
+                                                   "t-fixup", "admin"}
+    assert run("check", out).returncode == 0
+    assert build_spec(rep["patched_spec"]) == load_spec(out)
+
+
+def test_tau_is_eq47_of_the_predicted_geometry():
+    """tau_per_layer is Noci eq. 47 at each attention input of the recommended (critical) model."""
+    spec = load_spec(ROOT / "model_specs" / "bert-base.yaml")
+    rep = recommend(spec)
+    assert rep["patched_recipe"] == "critical"
+    layers = __import__("initadvisor.diagnose", fromlist=["check"]).check(build_spec(rep["patched_spec"]))["layers"]
+    d, n = spec.d_model, spec.seq_len
+    for i, tau in enumerate(rep["tau_per_layer"]):
+        rho = layers[i]["p"] / layers[i]["q"]  # post-LN: block i+1 sees the stream after block i, q = 1 (or 1/(1-p))
+        sx2 = layers[i]["q"]
+        closed = math.sqrt(d * n * (1 + rho * (n - 1)) / (sx2**2 * (1 - rho) ** 2 * (n + d) * (n - 1)))
+        assert tau == pytest.approx(closed, rel=1e-4)
+    assert rep["tau"] == pytest.approx(float(np.median(rep["tau_per_layer"])), rel=1e-5)
+
+
+def test_deepscalelm_block_follows_the_paper():
+    spec = load_spec(ROOT / "model_specs" / "gpt2-small.yaml")
+    ds = recommend(spec, k=2)["deepscalelm"]
+    N, d, p = spec.layers, spec.d_model, spec.dropout
+    assert ds["lambda2"] == pytest.approx(1 - 2 / N, rel=1e-5) and ds["beta2"] == pytest.approx(2 / N, rel=1e-5)
+    assert ds["sigma_e2"] == pytest.approx((1 - p) / 2, rel=1e-5)  # two embedding tables
+    assert ds["sigma_qk2"] == pytest.approx(1 / d, rel=1e-5)
+    assert ds["sigma_f2"] == pytest.approx(math.sqrt((1 - p) / 2) / d, rel=1e-5)  # not sqrt(1-p)/(2d)
+    assert len(ds["sigma_vo2_per_layer"]) == N
+
+
+def test_recipe_constants():
+    from initadvisor.recommend import recipe_deepnorm, recipe_gpt2, recipe_tfixup
+
+    spec = load_spec(ROOT / "model_specs" / "bert-base.yaml")
+    N, d = spec.layers, spec.d_model
+    assert recipe_gpt2(spec).spec.init["o"].std == pytest.approx(0.02 / math.sqrt(2 * N))
+    dn = recipe_deepnorm(spec).spec  # DeepNet: alpha = (2N)^(1/4), beta = (8N)^(-1/4), Xavier
+    assert dn.res_attention.skip == pytest.approx((2 * N) ** 0.25)
+    assert dn.init["v"].std == pytest.approx((8 * N) ** -0.25 * math.sqrt(2 / (2 * d)))
+    tf = recipe_tfixup(spec).spec  # T-Fixup encoder: 0.67 N^(-1/4), no LayerNorm
+    assert tf.norm == "none" and tf.init["o"].std == pytest.approx(0.67 * N**-0.25 * math.sqrt(1 / d))
+
+
+def test_yaml_format_prints_the_patched_spec(tmp_path):
+    r = run("recommend", ROOT / "model_specs" / "entropy-collapse.yaml", "--format", "yaml")
+    assert r.returncode == 0
+    f = tmp_path / "p.yaml"
+    f.write_text(r.stdout)
+    assert run("check", f).returncode == 0  # the entropy-collapse spec, repaired
+    assert run("check", ROOT / "model_specs" / "entropy-collapse.yaml").returncode == 1
+
+
+def test_table_output_and_k():
+    r = run("recommend", ROOT / "model_specs" / "bert-base.yaml")
+    assert r.returncode == 0 and "alpha_c" in r.stdout and "def init_weights" in r.stdout
+    assert run("recommend", ROOT / "model_specs" / "bert-base.yaml", "--k", "0").returncode == 2
+    big = json.loads(run("recommend", ROOT / "model_specs" / "bert-base.yaml", "--k", "50", "--format", "json").stdout)
+    assert big["deepscalelm"]["beta2"] == pytest.approx(0.5) and "k/N" not in big["deepscalelm"]["caveats"][0]
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2", "llama", "gpt_neox"])
+def test_init_weights_snippet_sets_the_stds_on_real_models(family):
+    """The pasted `init_weights` gives every matrix of a real HuggingFace model the recommended std."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from initadvisor.hf import import_config
+
+    cfg_path = ROOT / "tests" / "data" / "hf" / family / "config.json"
+    spec, _ = import_config(cfg_path)
+    rep = recommend(spec)
+    ns: dict = {}
+    exec(rep["init_weights"], ns)
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(transformers.AutoConfig.from_pretrained(cfg_path.parent))
+    done = ns["init_weights"](model)
+    want = build_spec(rep["patched_spec"]).init
+    modules = dict(model.named_modules())
+    seen = set()
+    for name, role in done.items():
+        w = modules[name].weight.detach()
+        if role in ("q", "k", "v", "o", "ff_in", "ff_out") and w.numel() > 2000:
+            assert float(w.std()) == pytest.approx(want[role].std, rel=0.06), (name, role)
+            seen.add(role)
+    assert seen >= {"o", "ff_in", "ff_out"}
