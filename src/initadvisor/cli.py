@@ -134,6 +134,73 @@ def recommend(
         render_recommend(rep, Console())
 
 
+class Backend(str, Enum):
+    numpy = "numpy"
+    torch = "torch"
+
+
+@app.command()
+def verify(
+    spec: Path = typer.Argument(..., help="YAML model spec (or HuggingFace config.json)."),
+    backend: Backend = typer.Option(Backend.numpy, "--backend", help="numpy, or torch (needs PyTorch)."),
+    device: str = typer.Option("cpu", "--device", help="Torch device, e.g. cuda (torch backend)."),
+    seeds: int = typer.Option(3, "--seeds", min=1, max=1000, help="Independent initialisations."),
+    batch: int = typer.Option(2, "--batch", min=1, max=1000, help="Random sequences per initialisation."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Override sequence.length."),
+    tol: float = typer.Option(0.05, "--tol", min=0.0, help="Allowed |rho error| per layer."),
+    rtol: float = typer.Option(0.15, "--rtol", min=0.0, help="Allowed relative error of q and grad_q per layer."),
+    format: CheckFormat = typer.Option(CheckFormat.table, "--format", help="Output format."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Save theory vs measurement as PNG/SVG (matplotlib)."),
+) -> None:
+    """Build the actual random network, measure it, and compare with the theory layer by layer."""
+    import time
+
+    from initadvisor.core.model import run_spec
+    from initadvisor.verify import compare
+
+    s, notes = load(spec, seq_len)
+    t0 = time.perf_counter()
+    if backend is Backend.torch:
+        m = measure_torch(spec, s, seeds, batch, device)
+    else:
+        import numpy as np
+
+        from initadvisor.simulate import simulate
+
+        m = simulate(s, seeds=seeds, batch=batch, dtype=np.float32, weight_grads=False)
+    rep = compare(s, run_spec(s), m, tol=tol, rtol=rtol)
+    rep["measurement"] = {"backend": backend.value, "seeds": seeds, "batch": batch,
+                          "seconds": round(time.perf_counter() - t0, 2)}
+    rep["notes"] = notes
+    if plot is not None:
+        from initadvisor.plots import save_verify
+
+        save_verify(rep, plot)
+    if format is CheckFormat.json:
+        emit_json(rep)
+    else:
+        from rich.console import Console
+
+        from initadvisor.verify import render_verify
+
+        render_verify(rep, Console())
+    raise typer.Exit(0 if rep["verdict"] == "pass" else 1)
+
+
+def measure_torch(path: Path, spec, seeds: int, batch: int, device: str):
+    """The torch measurement: the real HuggingFace model for a config.json, else the spec's network in torch."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise SpecError("the torch backend needs PyTorch: pip install 'initadvisor[torch]'", "command line", None,
+                        "--backend") from None
+    from initadvisor import torch as it
+
+    if is_hf_config(path):
+        return it.measure_hf_config(path, spec, seeds=seeds, batch=batch, device=device)
+    return it.measure_spec(spec, seeds=seeds, batch=batch, device=device)
+
+
 @app.command("import")
 def import_(
     config: Path = typer.Argument(..., help="HuggingFace config.json (or a folder holding one)."),
