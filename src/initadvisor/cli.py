@@ -37,18 +37,29 @@ def is_hf_config(path: Path) -> bool:
     return path.suffix == ".json" or (path.is_dir() and (path / "config.json").is_file())
 
 
+def project_config() -> dict:
+    from initadvisor.config import load_project
+
+    return load_project()
+
+
 def load(path: Path, seq_len: int | None = None, input_correlation: float | None = None,
-         dropout: float | None = None):
+         dropout: float | None = None, project: dict | None = None):
     """(spec, notes) from a YAML spec or a HuggingFace config.json, with command-line overrides applied."""
+    from dataclasses import replace
+
     notes: list[str] = []
+    project = project_config() if project is None else project
     if is_hf_config(path):
         from initadvisor.hf import import_config
 
         spec, notes = import_config(path, seq_len)
+        spec = replace(spec, thresholds={**spec.thresholds, **project.get("thresholds", {})},
+                       select=tuple(project.get("select", ())), ignore=tuple(project.get("ignore", ())))
     else:
         from initadvisor.spec import load_spec
 
-        spec = load_spec(path)
+        spec = load_spec(path, project)
     try:
         return spec.with_overrides(seq_len=seq_len, input_correlation=input_correlation, dropout=dropout), notes
     except SpecError as e:
@@ -60,31 +71,72 @@ def emit_json(obj) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, allow_nan=False) + "\n")
 
 
+def codes(text: str | None) -> tuple[str, ...] | None:
+    """A comma-separated --select/--ignore list, validated."""
+    if text is None:
+        return None
+    from initadvisor.spec import check_codes
+
+    items = [c.strip().upper() for c in text.split(",") if c.strip()]
+    why = check_codes(items)
+    if why:
+        raise SpecError(why, "command line", None, "--select/--ignore")
+    return tuple(items)
+
+
 @app.command()
 def check(
-    spec: Path = typer.Argument(..., help="YAML model spec (or HuggingFace config.json)."),
+    specs: list[Path] = typer.Argument(..., help="YAML model specs (or HuggingFace config.json files)."),
     format: CheckFormat = typer.Option(CheckFormat.table, "--format", help="Output format."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Override sequence.length."),
     input_correlation: Optional[float] = typer.Option(None, "--input-correlation",
                                                       help="Override sequence.input_correlation."),
     dropout: Optional[float] = typer.Option(None, "--dropout", help="Override dropout."),
-    fail_on: FailOn = typer.Option(FailOn.error, "--fail-on", help="Findings that fail the gate."),
+    fail_on: Optional[FailOn] = typer.Option(None, "--fail-on",
+                                             help="Findings that fail the gate [error, or pyproject's fail-on]."),
+    select: Optional[str] = typer.Option(None, "--select", help="Only these rule codes/prefixes, e.g. IA1,IA201."),
+    ignore: Optional[str] = typer.Option(None, "--ignore", help="Drop these rule codes/prefixes, e.g. IA304."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Save rho, q and gradient profiles (PNG/SVG)."),
 ) -> None:
-    """Predict signal propagation layer by layer and gate on the findings."""
+    """Predict signal propagation layer by layer and gate on the findings (several specs: one exit code)."""
     from initadvisor.diagnose import check as run_check
 
-    s, notes = load(spec, seq_len, input_correlation, dropout)
-    report = run_check(s, fail_on.value)
-    report["notes"] = notes
+    project = project_config()
+    gate = fail_on.value if fail_on is not None else (project.get("fail_on") or "error")
+    chosen, ignored = codes(select), codes(ignore)
+    reports = []
+    for path in specs:
+        s, notes = load(path, seq_len, input_correlation, dropout, project)
+        report = run_check(s, gate, chosen, ignored)
+        report["notes"] = notes
+        reports.append((path, report))
+    if plot is not None:
+        from initadvisor.plots import save_profiles
+
+        save_profiles(reports[0][1], plot)
+    failed = any(r["verdict"] == "fail" for _, r in reports)
+    emit_check(reports, format, gate)
+    raise typer.Exit(1 if failed else 0)
+
+
+def emit_check(reports: list, format: "CheckFormat", gate: str) -> None:
     if format is CheckFormat.json:
-        emit_json(report)
-    else:
-        from rich.console import Console
+        if len(reports) == 1:
+            emit_json(reports[0][1])
+        else:
+            emit_json({"schema": "initadvisor.checks/1", "version": reports[0][1]["version"],
+                       "verdict": "fail" if any(r["verdict"] == "fail" for _, r in reports) else "pass",
+                       "reports": [r for _, r in reports]})
+        return
+    from rich.console import Console
 
-        from initadvisor.report import render_check
+    from initadvisor.report import render_check, render_summary
 
-        render_check(report, Console())
-    raise typer.Exit(1 if report["verdict"] == "fail" else 0)
+    console = Console()
+    for _, report in reports:
+        render_check(report, console)
+    if len(reports) > 1:
+        render_summary(reports, console)
 
 
 class RecommendFormat(str, Enum):

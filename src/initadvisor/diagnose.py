@@ -91,6 +91,12 @@ def diagnose(spec, trace: Trace) -> list[Finding]:
     return out
 
 
+def select(findings: list[Finding], chosen=(), ignored=()) -> list[Finding]:
+    """Keep findings whose code starts with a selected prefix (all when none) and with no ignored prefix."""
+    return [f for f in findings if (not chosen or any(f.code.startswith(c) for c in chosen))
+            and not any(f.code.startswith(c) for c in ignored)]
+
+
 def verdict(findings: list[Finding], fail_on: str) -> str:
     levels = {"error": ("error",), "warning": ("error", "warning"), "never": ()}[fail_on]
     return "fail" if any(f.severity in levels for f in findings) else "pass"
@@ -115,10 +121,11 @@ def layer_rows(spec, trace: Trace) -> list[dict]:
     return rows
 
 
-def check(spec, fail_on: str = "error") -> dict:
-    """Run the engine on a spec and build the `initadvisor.check/1` report."""
+def check(spec, fail_on: str = "error", chosen=None, ignored=None) -> dict:
+    """Run the engine on a spec and build the `initadvisor.check/1` report (select/ignore: CLI, else spec)."""
     trace = run_spec(spec)
-    findings = diagnose(spec, trace)
+    findings = select(diagnose(spec, trace), spec.select if chosen is None else chosen,
+                      spec.ignore if ignored is None else ignored)
     return {
         "schema": "initadvisor.check/1",
         "version": __version__,

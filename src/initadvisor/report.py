@@ -63,6 +63,21 @@ def render_check(report: dict, console) -> None:
                       f"[dim]{f['source']}[/]")
 
 
+def render_summary(reports: list, console) -> None:
+    """One line per spec after a multi-spec check."""
+    from rich.table import Table
+
+    t = Table(title="summary", show_edge=False, header_style="bold")
+    for col in ("spec", "verdict", "final rho", "errors", "warnings"):
+        t.add_column(col)
+    for path, r in reports:
+        sev = [f["severity"] for f in r["findings"]]
+        colour = "green" if r["verdict"] == "pass" else "red"
+        t.add_row(str(path), f"[{colour}]{r['verdict']}[/]", f"{r['layers'][-1]['rho']:.3f}",
+                  str(sev.count("error")), str(sev.count("warning")))
+    console.print(t)
+
+
 def render_recommend(rep: dict, console) -> None:
     from rich.panel import Panel
     from rich.syntax import Syntax

@@ -72,6 +72,8 @@ class Spec:
     res_attention: Residual
     res_mlp: Residual
     thresholds: dict[str, float] = field(default_factory=dict)
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
     source: str | None = field(default=None, compare=False)
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
@@ -132,6 +134,8 @@ class Spec:
                 "mlp": {"skip": self.res_mlp.skip, "block": self.res_mlp.block},
             },
             "thresholds": dict(self.thresholds),
+            "select": list(self.select),
+            "ignore": list(self.ignore),
         }
 
 
@@ -161,12 +165,14 @@ SCHEMA: dict[str, Any] = {
     "init": {"std": "pos", "qk_beta": "pos?", **{m: _MATRIX for m in MATRICES}},
     "residual": {"attention": _RES, "mlp": _RES},
     "thresholds": {k: "pos" for k in THRESHOLDS},
+    "select": "codes",
+    "ignore": "codes",
 }
 REQUIRED = ("model.layers", "model.d_model", "model.heads")
 
 
-def load_spec(path: str | Path) -> Spec:
-    """Read and validate a YAML spec file."""
+def load_spec(path: str | Path, project: dict[str, Any] | None = None) -> Spec:
+    """Read and validate a YAML spec file; `project` ([tool.initadvisor]) supplies lower-priority defaults."""
     path = Path(path)
     fname = str(path)
     if path.is_dir():
@@ -181,16 +187,16 @@ def load_spec(path: str | Path) -> Spec:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise SpecError(f"not UTF-8 text (byte {e.start})", fname) from None
-    return parse_spec(text, fname)
+    return parse_spec(text, fname, project)
 
 
-def parse_spec(text: str, fname: str = "<spec>") -> Spec:
+def parse_spec(text: str, fname: str = "<spec>", project: dict[str, Any] | None = None) -> Spec:
     data, lines = _yaml_to_plain(text, fname)
     if data is None:
         raise SpecError("empty spec: expected a mapping with at least a 'model' section", fname, 1)
     if not isinstance(data, dict):
         raise SpecError("top level must be a mapping (key: value)", fname, 1)
-    return build_spec(data, lines, fname)
+    return build_spec(data, lines, fname, project)
 
 
 def _yaml_to_plain(text: str, fname: str) -> tuple[Any, dict[str, int]]:
@@ -298,6 +304,10 @@ def _check_value(v: Any, kind: Any, key: str, lines: dict[str, int], fname: str)
             raise bad(f"must be >= 1, got {v}")
         if v > 10**9:
             raise bad(f"unreasonably large ({v})")
+    elif kind == "codes":
+        bad_code = check_codes(v)
+        if bad_code:
+            raise bad(bad_code)
     elif kind == "embeddings":
         if not isinstance(v, list) or not v:
             raise bad("expected a non-empty list of: token, position, segment")
@@ -322,6 +332,19 @@ def _check_value(v: Any, kind: Any, key: str, lines: dict[str, int], fname: str)
             raise bad(f"must be a probability in [0, 1), got {v}")
 
 
+def check_codes(v: Any) -> str | None:
+    """Why a select/ignore list is invalid, or None. Entries are rule codes or their prefixes (IA3)."""
+    from initadvisor.rules import RULES
+
+    if not isinstance(v, list) or not all(isinstance(c, str) for c in v):
+        return "expected a list of rule codes, e.g. [IA304, IA9]"
+    for c in v:
+        if not any(code.startswith(c.upper()) for code in RULES):
+            close = difflib.get_close_matches(c.upper(), list(RULES), n=1)
+            return f"unknown rule code {c!r}" + (f" (did you mean '{close[0]}'?)" if close else "")
+    return None
+
+
 def _number(v: Any, bad: Any) -> None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise bad(f"expected a number, got {_typename(v)}")
@@ -329,9 +352,11 @@ def _number(v: Any, bad: Any) -> None:
         raise bad(f"must be finite, got {v}")
 
 
-def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname: str = "<spec>") -> Spec:
-    """Validate a plain dict (the YAML layout) and fill in defaults."""
+def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname: str = "<spec>",
+               project: dict[str, Any] | None = None) -> Spec:
+    """Validate a plain dict (the YAML layout) and fill in defaults (the project's, then the built-in ones)."""
     lines = lines or {}
+    project = project or {}
     _check_keys(data, SCHEMA, "", lines, fname)
     for req in REQUIRED:
         sec, _, key = req.partition(".")
@@ -378,7 +403,10 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
         init=init, qk_beta=None if qk_beta is None else float(qk_beta),
         res_attention=Residual(float(ra.get("skip", 1.0)), float(ra.get("block", 1.0))),
         res_mlp=Residual(float(rm.get("skip", 1.0)), float(rm.get("block", 1.0))),
-        thresholds={**THRESHOLDS, **{k: float(v) for k, v in data.get("thresholds", {}).items()}},
+        thresholds={**THRESHOLDS, **project.get("thresholds", {}),
+                    **{k: float(v) for k, v in data.get("thresholds", {}).items()}},
+        select=tuple(c.upper() for c in data.get("select", project.get("select", []))),
+        ignore=tuple(c.upper() for c in data.get("ignore", project.get("ignore", []))),
         source=None if fname == "<spec>" else fname, lines=dict(lines),
     )
     try:

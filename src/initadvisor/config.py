@@ -1,0 +1,64 @@
+"""Project configuration: `[tool.initadvisor]` in the nearest pyproject.toml (select, ignore, fail-on,
+thresholds). Precedence: built-in defaults < pyproject.toml < the spec file < the command line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from initadvisor.spec import THRESHOLDS, SpecError, check_codes
+
+KEYS = ("select", "ignore", "fail-on", "thresholds")
+
+
+def find_pyproject(start: Path) -> Path | None:
+    for d in [start, *start.parents]:
+        f = d / "pyproject.toml"
+        if f.is_file():
+            return f
+    return None
+
+
+def _line(text: str, needle: str) -> int | None:
+    for i, line in enumerate(text.splitlines(), 1):
+        if line.strip().startswith(needle):
+            return i
+    return None
+
+
+def load_project(start: Path | None = None) -> dict[str, Any]:
+    """The validated [tool.initadvisor] table of the nearest pyproject.toml ({} when there is none)."""
+    f = find_pyproject((start or Path.cwd()).resolve())
+    if f is None:
+        return {}
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    text = f.read_text(encoding="utf-8", errors="replace")
+    try:
+        table = tomllib.loads(text).get("tool", {}).get("initadvisor", {})
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"malformed TOML: {e}", str(f)) from None
+
+    def bad(msg: str, key: str) -> SpecError:
+        return SpecError(msg, str(f), _line(text, key.split(".")[-1]), f"tool.initadvisor.{key}")
+
+    for key, value in table.items():
+        if key not in KEYS:
+            raise bad(f"unknown key (expected one of: {', '.join(KEYS)})", key)
+        if key in ("select", "ignore") and (why := check_codes(value)):
+            raise bad(why, key)
+        if key == "fail-on" and value not in ("error", "warning", "never"):
+            raise bad(f"must be error, warning or never, got {value!r}", key)
+    th = table.get("thresholds", {})
+    if not isinstance(th, dict):
+        raise bad("expected a table", "thresholds")
+    for k, v in th.items():
+        if k not in THRESHOLDS:
+            raise bad(f"unknown threshold (expected one of: {', '.join(THRESHOLDS)})", f"thresholds.{k}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e6:
+            raise bad(f"must be a positive number, got {v!r}", f"thresholds.{k}")
+    return {"select": table.get("select", []), "ignore": table.get("ignore", []),
+            "fail_on": table.get("fail-on"), "thresholds": {k: float(v) for k, v in th.items()}}
