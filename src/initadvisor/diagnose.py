@@ -37,6 +37,27 @@ def qk_laws(spec, trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     return qk, ratio
 
 
+def width(spec, trace: Trace) -> dict | None:
+    """Paper 002 at block 1: spectral gap of the attention matrix and stable rank of its output vs T."""
+    if spec.attention != "softmax":
+        return None
+    from initadvisor.core.spectral import attention_spectrum, stable_rank_attention_output, width_collapse
+
+    q, p = float(trace.att_q[0]), float(trace.att_p[0])
+    V = float(trace.beta[0] ** 2 * q * (q - p) * np.log(spec.seq_len))  # key-dependent score variance
+    rho, T, d = p / q, float(spec.seq_len), spec.d_model
+    a = attention_spectrum(T, V, exact=False)
+    w = width_collapse(T, V, rho, d=d, exact=False)
+    Ts = 2.0 ** np.arange(4, int(np.log2(4 * T)) + 1)
+    sr = stable_rank_attention_output(Ts, V, rho, d=d, exact=False)
+    src = stable_rank_attention_output(Ts, V, rho, d=d, centered=True, exact=False)
+    return {"seq_len": int(T), "score_variance": _f(V), "sigma1": _f(a.sigma1), "sigma2": _f(a.sigma2),
+            "gap_ratio": _f(a.gap_ratio), "stable_rank": _f(w.stable_rank),
+            "stable_rank_centered": _f(w.stable_rank_centered), "collapsed": bool(w.collapsed),
+            "by_seq_len": [{"seq_len": int(t), "stable_rank": _f(x), "stable_rank_centered": _f(y)}
+                           for t, x, y in zip(Ts, sr, src)]}
+
+
 def growth(spec, trace: Trace) -> dict:
     return {"forward": G.forward_growth(trace.q), "gradient": G.gradient_growth(trace.grad_q, trace.q, spec.norm)}
 
@@ -85,6 +106,11 @@ def diagnose(spec, trace: Trace) -> list[Finding]:
         out.append(finding("IA304", f"block 1 attends uniformly (IPR {trace.y2[0]:.2e}): Result 2's Q/K gradient "
                                     f"factor E tr(M^2) = {G.jacobian_trace(trace.y2[0], trace.y3[0], x[0]):.2e} "
                                     f"(at most 1/12, reached at beta = 2 beta_c)", 1))
+    w = width(spec, trace)
+    if w and w["collapsed"]:
+        out.append(finding("IA401", f"one attention layer's output has stable rank {w['stable_rank']:.3g} at "
+                                    f"T = {w['seq_len']} against {w['stable_rank_centered']:.3g} with centered "
+                                    f"attention (spectral gap sigma1/sigma2 = {w['gap_ratio']:.3g})", 1))
     if spec.causal:
         out.append(finding("IA901", "causal attention: (q, p) describe late tokens (001 C.6); early positions "
                                     "are not resolved by this single-pair prediction"))
@@ -133,6 +159,7 @@ def check(spec, fail_on: str = "error", chosen=None, ignored=None) -> dict:
         "verdict": verdict(findings, fail_on),
         "findings": [asdict(f) for f in findings],
         "growth": _clean(growth(spec, trace)),
+        "width": width(spec, trace),
         "layers": layer_rows(spec, trace),
     }
 

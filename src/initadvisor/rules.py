@@ -65,6 +65,13 @@ RULES: dict[str, Rule] = {r.code: r for r in [
          "T/(d^2 sqrt(ln T)) E||dL/dW_Q||^2 = C beta sigma_v^2 q (q-p)^2 [Y2 - 2 Y3 + E Y2^2]",
          "Giorlandino & Goldt 2025, Result 2 (eq. 13, trace corrected)", "beta < beta_c / 2 at block 1",
          "None needed with skip connections; a larger beta up to beta_c / 2 raises it."),
+    Rule("IA401", "width-rank-collapse", "info", "Rank collapse in width",
+         "A softmax attention matrix at init is a rank-one outlier (singular value ~1, along the all-ones "
+         "direction) over a bulk of order sqrt((e^V - 1) / T), so one attention layer's output has stable rank "
+         "near 1 at long contexts; skip connections carry the rank, removing the outlier (A - 11^T/T) restores it.",
+         "stable rank ||A X||_F^2 / ||A X||_2^2 vs the centered (A - 11^T/T) X; collapsed below 10% of it",
+         "Naderi, Nait Saada & Tanner 2025 (Mind the Gap), Thm. 1, 2, Prop. 3", "stable rank < 0.1 x centered",
+         "Use centered (gain-controlled) attention, model.attention: centered; keep the attention skip."),
     Rule("IA901", "causal-late-token", "info", "Causal model: late-token approximation",
          "For causal attention the single (q, p) pair describes late tokens only; early tokens average over "
          "few keys and follow other laws.", "late-token simplex approximation", "Giorlandino & Goldt 2025, C.6",
