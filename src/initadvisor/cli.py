@@ -253,6 +253,38 @@ def measure_torch(path: Path, spec, seeds: int, batch: int, device: str):
     return it.measure_spec(spec, seeds=seeds, batch=batch, device=device)
 
 
+@app.command()
+def rules() -> None:
+    """List every rule: code, severity, name and title."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from initadvisor.rules import RULES
+
+    t = Table(show_edge=False, header_style="bold")
+    for col in ("code", "severity", "name", "title", "threshold"):
+        t.add_column(col)
+    for r in RULES.values():
+        t.add_row(r.code, r.severity, r.name, r.title, r.threshold)
+    Console().print(t)
+
+
+@app.command()
+def explain(code: str = typer.Argument(..., help="A rule code, e.g. IA101.")) -> None:
+    """Print one rule: what it means, the formula and paper, the threshold and how to fix it."""
+    from initadvisor.rules import RULES
+
+    r = RULES.get(code.upper())
+    if r is None:
+        import difflib
+
+        close = difflib.get_close_matches(code.upper(), list(RULES), n=1)
+        raise SpecError("unknown rule code" + (f" (did you mean '{close[0]}'?)" if close else ""), "command line",
+                        None, code)
+    sys.stdout.write(f"{r.code} {r.name} ({r.severity}): {r.title}\n\n{r.meaning}\n\nformula:   {r.formula}\n"
+                     f"source:    {r.source}\nthreshold: {r.threshold}\nfix:       {r.fix}\n")
+
+
 @app.command("import")
 def import_(
     config: Path = typer.Argument(..., help="HuggingFace config.json (or a folder holding one)."),
