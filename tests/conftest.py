@@ -1,3 +1,8 @@
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # small per-head matmuls: threads only fight on 2 cores
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from pathlib import Path
 
 import pytest

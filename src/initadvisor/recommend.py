@@ -103,7 +103,7 @@ def recipe_critical(spec: Spec, beta: float, alpha: float | None) -> Recipe:
 def recipe_deepscalelm(spec: Spec, k: float, simplified: bool = False) -> Recipe:
     d, p = spec.d_model, spec.dropout
     ds = dslm_init(spec.layers, d, p, k=k, r0=input_correlation(spec), n_embeddings=len(spec.embeddings),
-                   post_ln=spec.norm == "post", simplified=simplified)
+                   post_ln=spec.norm == "post", simplified=simplified, d_ff=spec.d_ff)
     lam, bet = math.sqrt(ds.lambda2), math.sqrt(ds.beta2)
     s = _with_init(spec, embedding=math.sqrt(ds.var_embd), q=math.sqrt(ds.var_qk), k=math.sqrt(ds.var_qk),
                    v=math.sqrt(ds.var_ffn), o=math.sqrt(ds.var_ffn), ff_in=math.sqrt(ds.var_ffn),
@@ -195,9 +195,9 @@ def recommend(spec: Spec, rho_max: float = 0.99, k: float = 2.0, alpha_mlp: bool
     tau = float(np.median(taus))
     tau_beta = tau / math.sqrt(math.log(spec.seq_len))
     ds = dslm_init(spec.layers, spec.d_model, spec.dropout, k=k, r0=input_correlation(spec),
-                   n_embeddings=len(spec.embeddings), post_ln=spec.norm == "post")
+                   n_embeddings=len(spec.embeddings), post_ln=spec.norm == "post", d_ff=spec.d_ff)
     dss = dslm_init(spec.layers, spec.d_model, spec.dropout, k=k, r0=input_correlation(spec),
-                    n_embeddings=len(spec.embeddings), post_ln=spec.norm == "post", simplified=True)
+                    n_embeddings=len(spec.embeddings), post_ln=spec.norm == "post", simplified=True, d_ff=spec.d_ff)
     recipes = [Recipe("as-given", "the spec unchanged", spec.source or "", spec), critical,
                recipe_deepscalelm(spec, k), recipe_deepscalelm(spec, k, simplified=True), recipe_gpt2(spec),
                recipe_deepnorm(spec), recipe_tfixup(spec), recipe_admin(spec)]

@@ -332,7 +332,7 @@ class DSLMInit:
 
 def dslm_init(n_layers: int, d: int, dropout: float, k: float = 2.0, r0: float = 0.221,
               n_embeddings: int = 3, post_ln: bool = False, simplified: bool = False,
-              beta2: float | None = None) -> DSLMInit:
+              beta2: float | None = None, d_ff: int | None = None) -> DSLMInit:
     """DeepScaleLM init for an N-layer, width-d model with dropout p (004 §3.5, App. M).
 
     r0: input correlation before embedding dropout (authors' code uses the measured 0.221; the Zipf
@@ -344,7 +344,9 @@ def dslm_init(n_layers: int, d: int, dropout: float, k: float = 2.0, r0: float =
     lambda2 = 1.0 - beta2  # 004 §3.5: lambda^2 + beta^2 = 1
     var_embd = (1 - p) / n_embeddings  # 004 §3.5 item 1, App. M
     var_qk = 1.0 / d  # 004 §3.5 item 3, App. M (per matrix; code std sqrt(1/d))
-    var_ffn = np.sqrt((1 - p) / 2) / d  # 004 App. M: (1/d) sqrt((1-p)/2), makes C2 = 1 (not sqrt(1-p)/(2d))
+    d_ff = 4 * d if d_ff is None else d_ff
+    # 004 App. M: (1/d) sqrt((1-p)/2) for d_ff = 4d (not sqrt(1-p)/(2d)); C2 = d d_ff sigma_f^4 / (2(1-p)) = 1 generally
+    var_ffn = np.sqrt(2 * (1 - p) / (d * d_ff))
     corr = corr_input_layerwise(r0, N, p, lambda2, beta2)
     if simplified:
         var_vo = np.full(N, var_ffn)  # 004 App. M Fig. 14: v_proj, out_proj use sigma_f
