@@ -28,14 +28,9 @@ attention is no longer near-uniform, which the backward formula assumes. Those r
 from __future__ import annotations
 
 import itertools
-import os
 
-# Multi-threaded OpenBLAS made these batched matmuls 5-10x slower on the 2-vCPU dev VM. This only
-# takes effect if numpy is not imported yet (better placed in conftest.py).
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 from scipy.special import ndtr  # noqa: E402
 
 from initadvisor.core import deepscalelm as ds  # noqa: E402
