@@ -1,0 +1,297 @@
+"""Reality check of the theory: real, randomly initialised HuggingFace models against `run_spec`.
+
+For each family a small but deep model (16 layers, d = 256, 4 heads, T = 128) is built from its
+transformers config class, the config is written with `save_pretrained`, imported with
+`initadvisor.hf.import_config(path, seq_len=T)` and propagated with `run_spec`. The same config is
+instantiated with `AutoModel.from_config` (eager attention, training mode, dropout active) and measured by
+`initadvisor.torch.measure` over a few seeds (Zipf-distributed token ids, as the engine's
+`input_correlation: auto` assumes). No mocks, no fudge factors: the engine's own definitions
+(q, p, rho = p / q per stream index; gradient second moments of loss = sum(h_L * G) normalised at index L).
+
+Tolerances (per layer): q within 15% (relative), gradient ratio grad_q_i / grad_q_L within 15%,
+rho within 0.05 (post-LN encoder) or 0.06 (causal decoders, mean over all token pairs; late-token rho,
+pairs within the last third of positions, is checked too). Assertions that genuinely fail are marked
+xfail(strict=True) with the measured numbers in the reason.
+
+`python -m pytest tests/test_reality.py -s` prints the per-family accuracy table.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from initadvisor.core.model import run_spec  # noqa: E402
+from initadvisor.hf import import_config  # noqa: E402
+
+T, L, D, HEADS, VOCAB = 128, 16, 256, 4, 5000
+SEEDS, BATCH = 4, 2
+Q_REL, GRAD_REL, RHO_POST, RHO_CAUSAL = 0.15, 0.15, 0.05, 0.06
+
+
+def _config(family: str):
+    t = transformers
+    if family == "bert":  # post-LN encoder, GeLU, dropout 0.1 / attention dropout 0.1 (defaults)
+        return t.BertConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
+                            intermediate_size=4 * D, max_position_embeddings=T)
+    if family == "gpt2":  # pre-LN causal decoder, gelu_new, depth-scaled c_proj, dropout 0.1 (defaults)
+        return t.GPT2Config(vocab_size=VOCAB, n_embd=D, n_layer=L, n_head=HEADS, n_positions=T,
+                            bos_token_id=0, eos_token_id=0)
+    if family == "gpt_neox":  # parallel residual, rotary, dropout switched on
+        return t.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
+                               intermediate_size=4 * D, max_position_embeddings=T, hidden_dropout=0.1,
+                               attention_dropout=0.1, bos_token_id=0, eos_token_id=0)
+    if family == "llama":  # RMSNorm, SwiGLU, GQA (2 K/V heads), rotary, attention dropout switched on
+        return t.LlamaConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
+                             num_key_value_heads=2, intermediate_size=688, max_position_embeddings=T,
+                             attention_dropout=0.1, bos_token_id=0, eos_token_id=0)
+    raise KeyError(family)
+
+
+FAMILIES = ("bert", "gpt2", "gpt_neox", "llama")
+_CACHE: dict[str, dict] = {}
+
+
+def _result(family: str, tmp_path_factory) -> dict:
+    """Predicted and measured per-layer arrays for one family (measured once per session)."""
+    if family in _CACHE:
+        return _CACHE[family]
+    from initadvisor.torch import measure
+
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    cfg = _config(family)
+    path = tmp_path_factory.mktemp(family)
+    cfg.save_pretrained(path)
+    spec, _notes = import_config(path / "config.json", seq_len=T)
+    assert spec.layers == L and spec.d_model == D and spec.seq_len == T
+    tr = run_spec(spec)
+    t0 = time.perf_counter()
+    causal = spec.causal  # the IPR is compared for the encoder only (causal rows have t + 1 keys)
+    model = transformers.AutoModel.from_config(cfg, attn_implementation="sdpa" if causal else "eager")
+    m = measure(model, T, batch=BATCH, seeds=SEEDS, attentions=not causal)
+    assert m["layers"] == L
+    print(f"\n[{family}: measured in {time.perf_counter() - t0:.1f} s]")
+    _CACHE[family] = {"spec": spec, "trace": tr, "m": m}
+    return _CACHE[family]
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    return lambda family: _result(family, tmp_path_factory)
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors (the theory's definitions; no fudge factors)
+
+
+def q_rel_err(r: dict, late: bool = False) -> np.ndarray:
+    meas = r["m"]["q_thirds"][:, 2] if late else r["m"]["q"]
+    return np.abs(r["trace"].q / meas - 1.0)
+
+
+def rho_abs_err(r: dict, late: bool = False) -> np.ndarray:
+    meas = r["m"]["rho_thirds"][:, 2] if late else r["m"]["rho"]
+    return np.abs(r["trace"].rho - meas)
+
+
+def grad_rel_err(r: dict) -> np.ndarray:
+    """|predicted / measured - 1| of grad_q_i / grad_q_L over i = 0..L-1 (index L is 1 by definition)."""
+    return np.abs(r["trace"].grad_q[:-1] / r["m"]["grad_q_norm"][:-1] - 1.0)
+
+
+def ipr_rel_err(r: dict) -> np.ndarray:
+    return np.abs(r["trace"].y2 / r["m"]["ipr"] - 1.0)
+
+
+def _fmt(err: np.ndarray) -> str:
+    i = int(np.argmax(err))
+    return f"max {err[i]:.4f} at index {i}, mean {err.mean():.4f}"
+
+
+def _table(r: dict) -> str:
+    tr, m = r["trace"], r["m"]
+    rows = [" i   q_pred   q_meas  q_late | rho_pred rho_meas rho_late (se) | gradratio_pred gradratio_meas (se)"]
+    for i in range(L + 1):
+        rows.append(f"{i:2d} {tr.q[i]:8.5f} {m['q'][i]:8.5f} {m['q_thirds'][i, 2]:7.5f} | {tr.rho[i]:8.4f} "
+                    f"{m['rho'][i]:8.4f} {m['rho_thirds'][i, 2]:8.4f} ({m['rho_se'][i]:.4f}) | "
+                    f"{tr.grad_q[i]:14.4f} {m['grad_q_norm'][i]:14.4f} ({m['grad_q_norm_se'][i]:.4f})")
+    return "\n".join(rows)
+
+
+# ------------------------------------------------------------------------------------------------
+# (a) post-LN BERT encoder, 16 layers
+
+
+def test_bert_post_ln_q(result):
+    r = result("bert")
+    assert q_rel_err(r).max() <= Q_REL, _fmt(q_rel_err(r)) + "\n" + _table(r)
+
+
+def test_bert_post_ln_rho(result):
+    r = result("bert")
+    assert rho_abs_err(r).max() <= RHO_POST, _fmt(rho_abs_err(r)) + "\n" + _table(r)
+
+
+def test_bert_post_ln_grad_ratio(result):
+    r = result("bert")
+    assert grad_rel_err(r).max() <= GRAD_REL, _fmt(grad_rel_err(r)) + "\n" + _table(r)
+
+
+def test_bert_attention_ipr(result):
+    """Non-causal uniform attention: the predicted IPR Y2 of a row (before attention dropout)."""
+    r = result("bert")
+    assert ipr_rel_err(r).max() <= 0.15, _fmt(ipr_rel_err(r))
+
+
+# ------------------------------------------------------------------------------------------------
+# (b) pre-LN GPT-2 decoder, 16 layers
+
+
+def test_gpt2_pre_ln_q(result):
+    r = result("gpt2")
+    assert q_rel_err(r).max() <= Q_REL, _fmt(q_rel_err(r)) + "\n" + _table(r)
+
+
+def test_gpt2_pre_ln_rho(result):
+    r = result("gpt2")
+    assert rho_abs_err(r).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r)) + "\n" + _table(r)
+    assert rho_abs_err(r, late=True).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r, late=True)) + "\n" + _table(r)
+
+
+def test_gpt2_pre_ln_grad_ratio(result):
+    r = result("gpt2")
+    assert grad_rel_err(r).max() <= GRAD_REL, _fmt(grad_rel_err(r)) + "\n" + _table(r)
+
+
+# ------------------------------------------------------------------------------------------------
+# GPT-NeoX (parallel residual) and Llama (RMSNorm, SwiGLU, GQA): q and rho
+
+
+def test_gpt_neox_parallel_q(result):
+    r = result("gpt_neox")
+    assert q_rel_err(r).max() <= Q_REL, _fmt(q_rel_err(r)) + "\n" + _table(r)
+
+
+def test_gpt_neox_parallel_rho(result):
+    r = result("gpt_neox")
+    assert rho_abs_err(r).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r)) + "\n" + _table(r)
+    assert rho_abs_err(r, late=True).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r, late=True)) + "\n" + _table(r)
+
+
+def test_llama_late_token_rho(result):
+    """The causal late-token approximation (IA901) holds for Llama's late tokens."""
+    r = result("llama")
+    assert rho_abs_err(r, late=True).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r, late=True)) + "\n" + _table(r)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "causal late-token approximation (IA901): Llama's rho over ALL token pairs is 0.63-0.88 at layers 2-16 "
+    "against predicted 0.75-0.99 (max abs error 0.132 at layer 3: measured 0.761 +- 0.016, predicted 0.893); "
+    "the last third of positions matches within 0.019. initadvisor.simulate's numpy network shows the same, and "
+    "with causal=False the error drops to 0.047: early tokens average few keys and stay less correlated"))
+def test_llama_rho_all_pairs(result):
+    r = result("llama")
+    assert rho_abs_err(r).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r)) + "\n" + _table(r)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "causal late-token approximation (IA901): Llama's all-token q is 21% above the prediction at layer 1 "
+    "(measured 0.00187, predicted 0.00147: early tokens average few keys, so their attention output keeps "
+    "q_v instead of p_v) and 13% below it at layer 16 (0.1356 vs 0.1558); late-third q within 16%"))
+def test_llama_q(result):
+    r = result("llama")
+    assert q_rel_err(r).max() <= Q_REL, _fmt(q_rel_err(r)) + "\n" + _table(r)
+
+
+# ------------------------------------------------------------------------------------------------
+# The accuracy table (pytest -s prints it; the README quotes it)
+
+
+def test_accuracy_table(result):
+    lines = ["", "family    quantity                          max err   (index)  mean err",
+             "--------  --------------------------------  --------  -------  --------"]
+
+    def row(fam: str, what: str, err: np.ndarray) -> None:
+        i = int(np.argmax(err))
+        lines.append(f"{fam:<9} {what:<33} {err[i]:8.4f}  ({i:5d})  {err.mean():8.4f}")
+
+    for fam in FAMILIES:
+        r = result(fam)
+        causal = r["spec"].causal
+        row(fam, "q (rel)", q_rel_err(r))
+        if causal:
+            row(fam, "q late third (rel)", q_rel_err(r, late=True))
+        row(fam, "rho all pairs (abs)", rho_abs_err(r))
+        if causal:
+            row(fam, "rho late third (abs)", rho_abs_err(r, late=True))
+        row(fam, "grad_q_i / grad_q_L (rel)", grad_rel_err(r))
+        if not causal:
+            row(fam, "attention IPR (rel)", ipr_rel_err(r))
+    print("\n".join(lines))
+    for fam in FAMILIES:
+        print(f"\n{fam}: per-layer predicted vs measured ({SEEDS} seeds x {BATCH} sequences, T={T})")
+        print(_table(result(fam)))
+
+
+# ------------------------------------------------------------------------------------------------
+# measure() on a nanoGPT-style module (no HuggingFace): blocks found at transformer.h, re-created from .config
+
+
+class _NanoConfig:
+    def __init__(self, vocab_size=97, n_embd=32, n_layer=3, n_head=2, block_size=16):
+        self.vocab_size, self.n_embd, self.n_layer, self.n_head, self.block_size = (
+            vocab_size, n_embd, n_layer, n_head, block_size)
+
+
+class _NanoBlock(torch.nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.ln_1, self.ln_2 = torch.nn.LayerNorm(c.n_embd), torch.nn.LayerNorm(c.n_embd)
+        self.attn = torch.nn.MultiheadAttention(c.n_embd, c.n_head, batch_first=True)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(c.n_embd, 4 * c.n_embd), torch.nn.GELU(),
+                                       torch.nn.Linear(4 * c.n_embd, c.n_embd))
+
+    def forward(self, x):
+        T = x.shape[1]
+        mask = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+        u = self.ln_1(x)
+        x = x + self.attn(u, u, u, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln_2(x))
+
+
+class _NanoGPT(torch.nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = torch.nn.ModuleDict(dict(
+            wte=torch.nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=torch.nn.Embedding(config.block_size, config.n_embd),
+            h=torch.nn.ModuleList([_NanoBlock(config) for _ in range(config.n_layer)]),
+            ln_f=torch.nn.LayerNorm(config.n_embd)))
+
+    def forward(self, idx):
+        pos = torch.arange(idx.shape[1])
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
+            x = block(x)
+        return self.transformer.ln_f(x)
+
+
+def test_measure_nanogpt_style_module():
+    from initadvisor.torch import measure
+
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    c = _NanoConfig()
+    m = measure(_NanoGPT(c), 16, batch=2, seeds=2)
+    assert m["layers"] == c.n_layer and m["q"].shape == (c.n_layer + 1,) and "ipr" not in m
+    assert m["q_thirds"].shape == m["rho_thirds"].shape == (c.n_layer + 1, 3)
+    assert np.all(np.isfinite(m["q"])) and np.all(m["q"] > 0)
+    assert abs(m["q"][0] - 2.0) < 0.3  # token + position rows, each N(0, 1) (torch's Embedding init)
+    assert m["grad_q_norm"][-1] == pytest.approx(1.0)
+    # stream index L is the last block's output, not ln_f's (which would have q = 1)
+    assert m["q"][-1] > 1.5
