@@ -13,6 +13,8 @@ T = inf gives 001's asymptotic laws exactly (Y2 = max(0, 1 - beta_c/beta), Yp = 
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 
@@ -73,13 +75,34 @@ def mix_forward(qv, pv, mom):
     return pv * s2 + (qv - pv) * d_row, pv * sx + (qv - pv) * x_row
 
 
-def mix_backward(gq, gp, mom, T):
-    """Mirror of mix_forward for the gradient (transpose of W; Q/K path excluded)."""
+@lru_cache(maxsize=64)
+def causal_columns(T: float) -> tuple[float, float]:
+    """(H_T / T, K2) for causal attention over a prefix: the key-averaged sum_t 1/t^2 over rows t >= s, and
+    K2 = (1/T) sum_s (H_T - H_{s-1})^2, the key-averaged squared column sum of uniform causal attention
+    (-> 2 as T grows; 1 for bidirectional attention)."""
+    t = np.arange(1, int(T) + 1, dtype=float)
+    h = np.cumsum(1.0 / t)
+    col = h[-1] - np.concatenate([[0.0], h[:-1]])
+    return float(h[-1] / T), float(np.mean(col**2))
+
+
+def mix_backward(gq, gp, mom, T, causal: bool = False):
+    """Mirror of mix_forward for the gradient (transpose of W; Q/K path excluded).
+
+    Bidirectional: every column collects T rows. Causal: key s is read by rows t >= s, each spreading over t
+    keys, so the key-averaged column moments carry H_T / T and K2 in place of 1/T and 1 (the row moments of
+    `mom` describe late, full-length rows; their annealed parts are rescaled by T H_T / T = H_T).
+    """
     d_row, x_row, s2, sx = mom
     if np.isinf(T):
         c2, cx, x_col = d_row + sx, sx, 0.0
+        return gp * c2 + (gq - gp) * d_row, gp * cx + (gq - gp) * x_col
+    if causal:
+        k1, k2 = causal_columns(T)
+        d_row = d_row * T * k1  # (1/T) sum_t Y2(t), Y2(t) ~ e^V / t
+        c2 = d_row + T * x_row * (k2 - k1)  # reduces to d_row + (T - 1) x_row for bidirectional rows
     else:
         c2 = d_row + (T - 1) * x_row  # E (column sum)^2
-        cx = (s2 - c2) / (T - 1) + sx  # E col_s col_s'
-        x_col = (s2 - d_row) / (T - 1)  # E sum_t W_ts W_ts'
+    cx = (s2 - c2) / (T - 1) + sx  # E col_s col_s'
+    x_col = (s2 - d_row) / (T - 1)  # E sum_t W_ts W_ts'
     return gp * c2 + (gq - gp) * d_row, gp * cx + (gq - gp) * x_col

@@ -65,6 +65,7 @@ class BlockParams:
     block_m: object = 1.0
     norm: str = "post"  # post | pre | none
     centered: bool = False
+    causal: bool = False  # forward: late-token rows (001 C.6); backward: causal column moments
     parallel: bool = False
 
 
@@ -95,7 +96,7 @@ def attention_forward(q, p, P: BlockParams):
 def attention_backward(gq, gp, c: AttentionCache, P: BlockParams):
     gq, gp = dropout(gq, gp, P.dropout)
     gq, gp = P.g_o * gq, P.g_o * gp
-    gq, gp = att.mix_backward(gq, gp, c.mom, P.seq_len)
+    gq, gp = att.mix_backward(gq, gp, c.mom, P.seq_len, P.causal)
     return P.g_v * gq, P.g_v * gp
 
 

@@ -133,6 +133,7 @@ def block_params(spec) -> BlockParams:
         skip_a=spec.res_attention.skip, block_a=spec.res_attention.block,
         skip_m=spec.res_mlp.skip, block_m=spec.res_mlp.block,
         norm=spec.norm, centered=spec.attention == "centered", parallel=spec.parallel_residual,
+        causal=spec.causal,
     )
 
 
