@@ -39,7 +39,8 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["measure", "find_blocks", "reinit", "sample_tokens"]
+__all__ = ["measure", "find_blocks", "reinit", "sample_tokens", "measure_spec", "measure_hf_config", "apply",
+           "SpecModel"]
 
 # where the list of transformer blocks lives, tried in order (base models first, then wrappers)
 _BLOCK_PATHS = (
@@ -337,3 +338,137 @@ def measure(
     out.update(n=seeds * batch, seeds=seeds, batch=batch, layers=L, seq_len=seq_len,
                tokens="given" if input_ids is not None else tokens, attn_dropout=1.0 - ipr_factor)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The network of a Spec in PyTorch (the definition `initadvisor.simulate` implements in numpy), `verify`'s
+# torch backend, and `apply`: initialise a real model with a recommendation.
+
+
+def _linear(d_in: int, d_out: int, init) -> nn.Linear:
+    lin = nn.Linear(d_in, d_out)
+    nn.init.normal_(lin.weight, 0.0, init.std)
+    nn.init.normal_(lin.bias, 0.0, init.bias_std) if init.bias_std else nn.init.zeros_(lin.bias)
+    return lin
+
+
+def _norm(spec) -> nn.Module:
+    kind = nn.RMSNorm if spec.norm_type == "rmsnorm" else nn.LayerNorm
+    return kind(spec.d_model, eps=1e-5, elementwise_affine=False)
+
+
+_ACT = {"relu": nn.ReLU(), "gelu": nn.GELU(), "gelu_tanh": nn.GELU(approximate="tanh"), "silu": nn.SiLU(),
+        "tanh": nn.Tanh(), "linear": nn.Identity(), "swiglu": nn.SiLU(), "geglu": nn.GELU()}
+
+
+class SpecBlock(nn.Module):
+    def __init__(self, spec):
+        super().__init__()
+        s, d, kv = spec, spec.d_model, spec.kv_heads * spec.d_head
+        self.s = s
+        self.q, self.k, self.v = _linear(d, d, s.init["q"]), _linear(d, kv, s.init["k"]), _linear(d, kv, s.init["v"])
+        self.o = _linear(d, d, s.init["o"]) if s.out_proj else nn.Identity()
+        gated = s.activation in ("swiglu", "geglu")
+        self.ff_in = _linear(d, s.d_ff, s.init["ff_in"])
+        self.ff_up = _linear(d, s.d_ff, s.init["ff_in"]) if gated else None
+        self.ff_out = _linear(s.d_ff, d, s.init["ff_out"])
+        self.n1, self.n2 = (_norm(s), _norm(s)) if s.norm != "none" else (nn.Identity(), nn.Identity())
+        self.drop, self.attn_drop = nn.Dropout(s.dropout), nn.Dropout(s.attention_dropout)
+
+    def attn(self, u: torch.Tensor) -> torch.Tensor:
+        s, (B, T, d) = self.s, u.shape
+        h, g = s.heads, s.heads // s.kv_heads
+        q = self.q(u).view(B, T, h, s.d_head).transpose(1, 2)
+        k = self.k(u).view(B, T, s.kv_heads, s.d_head).transpose(1, 2).repeat_interleave(g, dim=1)
+        v = self.v(u).view(B, T, s.kv_heads, s.d_head).transpose(1, 2).repeat_interleave(g, dim=1)
+        scores = (q @ k.transpose(-1, -2)) * s.softmax_scale
+        mask = torch.ones(T, T, dtype=torch.bool, device=u.device).tril() if s.causal else None
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        out = self.attn_drop(scores.softmax(-1)) @ v
+        if s.attention == "centered":  # subtract the values' mean over the attended keys
+            w = mask.float() if mask is not None else torch.ones(T, T, device=u.device)
+            out = out - (w / w.sum(-1, keepdim=True)) @ v
+        return self.o(out.transpose(1, 2).reshape(B, T, d))
+
+    def mlp(self, u: torch.Tensor) -> torch.Tensor:
+        a = _ACT[self.s.activation](self.ff_in(u))
+        return self.ff_out(a * self.ff_up(u) if self.ff_up is not None else a)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s, ra, rm = self.s, self.s.res_attention, self.s.res_mlp
+        if s.parallel_residual:
+            return ra.skip * x + ra.block * self.drop(self.attn(self.n1(x))) + rm.block * self.drop(self.mlp(self.n2(x)))
+        if s.norm == "post":
+            x = self.n1(ra.skip * x + ra.block * self.drop(self.attn(x)))
+            return self.n2(rm.skip * x + rm.block * self.drop(self.mlp(x)))
+        x = ra.skip * x + ra.block * self.drop(self.attn(self.n1(x)))
+        return rm.skip * x + rm.block * self.drop(self.mlp(self.n2(x)))
+
+
+class SpecModel(nn.Module):
+    """The random network of a Spec: summed embedding tables (segment: one row for all tokens), optional norm,
+    dropout, then the blocks (`measure` hooks `blocks`)."""
+
+    def __init__(self, spec):
+        super().__init__()
+        self.spec = spec
+        e = spec.init["embedding"].std
+        sizes = {"token": spec.vocab, "position": spec.seq_len, "segment": 1}
+        self.tables = nn.ModuleDict({t: nn.Embedding(sizes[t], spec.d_model) for t in spec.embeddings})
+        for table in self.tables.values():
+            nn.init.normal_(table.weight, 0.0, e)
+        self.emb_norm = _norm(spec) if spec.embedding_norm else nn.Identity()
+        self.drop = nn.Dropout(spec.dropout)
+        self.blocks = nn.ModuleList(SpecBlock(spec) for _ in range(spec.layers))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        B, T = input_ids.shape
+        s = self.spec
+        if s.input_correlation is not None:  # x_t = sqrt(rho) c + sqrt(1 - rho) e_t (as `simulate`)
+            sd = math.sqrt(len(s.embeddings)) * s.init["embedding"].std
+            c = torch.randn(B, 1, s.d_model, device=input_ids.device) * sd
+            x = math.sqrt(s.input_correlation) * c + math.sqrt(1 - s.input_correlation) * sd * torch.randn(
+                B, T, s.d_model, device=input_ids.device)
+        else:
+            idx = {"token": input_ids, "position": torch.arange(T, device=input_ids.device).expand(B, T),
+                   "segment": torch.zeros_like(input_ids)}
+            x = sum(table(idx[name]) for name, table in self.tables.items())
+        x = self.drop(self.emb_norm(x))
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def measure_spec(spec, seeds: int = 3, batch: int = 2, device: str = "cpu") -> dict[str, Any]:
+    """`verify --backend torch` on a YAML spec: the spec's network in PyTorch."""
+    return measure(lambda: SpecModel(spec).to(device), seq_len=spec.seq_len, batch=batch, seeds=seeds,
+                   vocab=spec.vocab, device=device, attentions=False)
+
+
+def measure_hf_config(path, spec, seeds: int = 3, batch: int = 2, device: str = "cpu") -> dict[str, Any]:
+    """`verify --backend torch` on a config.json: the real HuggingFace model, randomly initialised."""
+    from pathlib import Path
+
+    from transformers import AutoConfig, AutoModel
+
+    folder = Path(path) if Path(path).is_dir() else Path(path).parent
+    config = AutoConfig.from_pretrained(folder)
+    return measure(lambda: AutoModel.from_config(config, attn_implementation="eager").to(device),
+                   seq_len=spec.seq_len, batch=batch, seeds=seeds, device=device)
+
+
+def apply(model: nn.Module, recommendation: dict) -> list[dict[str, Any]]:
+    """Initialise `model` (HuggingFace BERT/GPT-2/GPT-NeoX/Llama family, or nanoGPT) with a `recommend` result.
+
+    Runs the report's own `init_weights` snippet (the code `recommend` prints) and returns, per initialised
+    module, its role and the weight std before and after. Residual scales live in forward() and are not
+    changed: see recommendation['residual_instructions']."""
+    namespace: dict[str, Any] = {}
+    exec(recommendation["init_weights"], namespace)  # the snippet users paste, generated by initadvisor
+    modules = dict(model.named_modules())
+    before = {n: float(m.weight.detach().float().std()) for n, m in modules.items()
+              if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2}
+    done = namespace["init_weights"](model)
+    return [{"module": n, "role": role, "std_before": before.get(n),
+             "std_after": float(modules[n].weight.detach().float().std())} for n, role in done.items()]

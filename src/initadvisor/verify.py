@@ -17,7 +17,12 @@ GATED = ("rho", "q", "grad_q")
 
 
 def _get(m, key):
-    return np.asarray(m[key] if isinstance(m, dict) else getattr(m, key), dtype=float)
+    """An array of the measurement; the IPR is `y2` (numpy) or `ipr` (torch), None when not measured."""
+    for k in (key, key.replace("y2", "ipr")):
+        v = m.get(k) if isinstance(m, dict) else getattr(m, k, None)
+        if v is not None:
+            return np.asarray(v, dtype=float)
+    return None
 
 
 def _f(x) -> float | None:
@@ -31,7 +36,10 @@ def compare(spec, trace: Trace, m, tol: float = 0.05, rtol: float = 0.15, rho_th
           "ipr": trace.y2}
     ms = {"rho": (_get(m, "rho"), _get(m, "rho_se")), "q": (_get(m, "q"), _get(m, "q_se")),
           "grad_q": (_get(m, "grad_q_norm"), _get(m, "grad_q_norm_se")), "ipr": (_get(m, "y2"), _get(m, "y2_se"))}
+    if ms["ipr"][0] is None:  # not measured (a model that cannot return its attention probabilities)
+        del th["ipr"], ms["ipr"]
     layers, worst = [], {k: 0.0 for k in th}
+    worst.setdefault("ipr", None)
     ok = True
     for i in range(spec.layers + 1):
         row: dict = {"index": i}
@@ -50,7 +58,7 @@ def compare(spec, trace: Trace, m, tol: float = 0.05, rtol: float = 0.15, rho_th
     return {
         "schema": "initadvisor.verify/1", "version": __version__, "spec": spec.to_dict(),
         "tol": tol, "rtol": rtol, "gated": list(GATED), "verdict": "pass" if ok else "fail",
-        "max_error": {k: _f(v) for k, v in worst.items()},
+        "max_error": {k: None if v is None else _f(v) for k, v in worst.items()},
         "layers": layers,
     }
 
@@ -61,6 +69,7 @@ def render_verify(rep: dict, console) -> None:
     from initadvisor.report import _rows_to_show
 
     m = rep["measurement"]
+    console.width = max(console.width, 132)  # twelve numeric columns: wrap rather than truncate them
     console.print(f"[bold]initadvisor verify[/]: {rep['spec']['name']}  backend {m['backend']}, {m['seeds']} seeds x "
                   f"{m['batch']} sequences, {m['seconds']:.1f} s")
     t = Table(show_edge=False, header_style="bold")
@@ -85,5 +94,5 @@ def render_verify(rep: dict, console) -> None:
     e = rep["max_error"]
     colour = "green" if rep["verdict"] == "pass" else "red"
     console.print(f"max |error|: rho {e['rho']:.3g} (tol {rep['tol']}), q {e['q']:.1%}, grad {e['grad_q']:.1%} "
-                  f"(rtol {rep['rtol']:.0%}), IPR {e['ipr']:.1%} (not gated)  "
+                  f"(rtol {rep['rtol']:.0%}), IPR {'-' if e['ipr'] is None else format(e['ipr'], '.1%')} (not gated)  "
                   f"verdict: [bold {colour}]{rep['verdict'].upper()}[/]")
