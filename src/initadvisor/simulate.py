@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from scipy.special import erf
 
+from initadvisor.core.causal import thirds
 from initadvisor.spec import Spec
 
 EPS = 1e-5
@@ -471,11 +472,6 @@ def pair_moments(x: np.ndarray, lo: int = 0, hi: int | None = None) -> tuple[np.
     return q, p
 
 
-def _thirds(T: int) -> list[tuple[int, int]]:
-    e = [0, T // 3, (2 * T) // 3, T]
-    return [(e[i], e[i + 1]) for i in range(3)]
-
-
 @dataclass
 class Measurement:
     """Monte-Carlo measurement: means and standard errors over n = seeds x batch sequences.
@@ -548,14 +544,14 @@ def _nan_to_none(v: Any) -> Any:
     return None if isinstance(v, float) and math.isnan(v) else v
 
 
-def _mean_se(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def mean_se(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = x.shape[0]
     m = x.mean(0)
     se = x.std(0, ddof=1) / math.sqrt(n) if n > 1 else np.full_like(m, np.nan)
     return m, se
 
 
-def _ratio_se(num: np.ndarray, den: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def ratio_se(num: np.ndarray, den: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """mean(num) / mean(den) with its delta-method standard error."""
     n = num.shape[0]
     md = den.mean(0)
@@ -573,7 +569,7 @@ def run_one(
     layers = init_network(spec, rng, dt)
     h0 = make_input(spec, batch, rng, dt)
     hs, caches = forward(spec, layers, h0, rng)
-    thirds = _thirds(spec.seq_len)
+    spans = thirds(spec.seq_len)
     L = spec.layers
     q = np.empty((batch, L + 1))
     p = np.empty((batch, L + 1))
@@ -581,7 +577,7 @@ def run_one(
     p3 = np.empty((batch, L + 1, 3))
     for i, h in enumerate(hs):
         q[:, i], p[:, i] = pair_moments(h)
-        for j, (lo, hi) in enumerate(thirds):
+        for j, (lo, hi) in enumerate(spans):
             q3[:, i, j], p3[:, i, j] = pair_moments(h, lo, hi)
     y2 = np.stack([c["attn"]["y2"] for c in caches], axis=1)
     del hs
@@ -616,22 +612,22 @@ def simulate(
     elapsed = time.perf_counter() - t0
     cat = {k: np.concatenate([r[k] for r in runs], axis=0) for k in runs[0]}
     L = spec.layers
-    q, q_se = _mean_se(cat["q"])
-    p, p_se = _mean_se(cat["p"])
-    rho, rho_se = _ratio_se(cat["p"], cat["q"])
-    q3, q3_se = _mean_se(cat["q3"])
-    rho3, rho3_se = _ratio_se(cat["p3"], cat["q3"])
-    y2, y2_se = _mean_se(cat["y2"])
-    gq, gq_se = _mean_se(cat["gq"])
-    gp, gp_se = _mean_se(cat["gp"])
+    q, q_se = mean_se(cat["q"])
+    p, p_se = mean_se(cat["p"])
+    rho, rho_se = ratio_se(cat["p"], cat["q"])
+    q3, q3_se = mean_se(cat["q3"])
+    rho3, rho3_se = ratio_se(cat["p3"], cat["q3"])
+    y2, y2_se = mean_se(cat["y2"])
+    gq, gq_se = mean_se(cat["gq"])
+    gp, gp_se = mean_se(cat["gp"])
     ref = np.repeat(cat["gq"][:, L:L + 1], L + 1, axis=1)
-    gqn, gqn_se = _ratio_se(cat["gq"], ref)
-    gpn, gpn_se = _ratio_se(cat["gp"], ref)
-    grho, grho_se = _ratio_se(cat["gp"], cat["gq"])
-    wq, wq_se = _mean_se(cat["wq"])
-    wk, wk_se = _mean_se(cat["wk"])
-    wv, wv_se = _mean_se(cat["wv"])
-    qkv, qkv_se = _ratio_se(0.5 * (cat["wq"] + cat["wk"]), cat["wv"])
+    gqn, gqn_se = ratio_se(cat["gq"], ref)
+    gpn, gpn_se = ratio_se(cat["gp"], ref)
+    grho, grho_se = ratio_se(cat["gp"], cat["gq"])
+    wq, wq_se = mean_se(cat["wq"])
+    wk, wk_se = mean_se(cat["wk"])
+    wv, wv_se = mean_se(cat["wv"])
+    qkv, qkv_se = ratio_se(0.5 * (cat["wq"] + cat["wk"]), cat["wv"])
     return Measurement(
         q=q, q_se=q_se, p=p, p_se=p_se, rho=rho, rho_se=rho_se,
         q_thirds=q3, q_thirds_se=q3_se, rho_thirds=rho3, rho_thirds_se=rho3_se, y2=y2, y2_se=y2_se,

@@ -39,6 +39,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from initadvisor.core.causal import thirds
+from initadvisor.simulate import mean_se, ratio_se
+
 __all__ = ["measure", "find_blocks", "reinit", "sample_tokens", "measure_spec", "measure_hf_config", "apply",
            "SpecModel"]
 
@@ -150,28 +153,6 @@ def _pair_moments(x: torch.Tensor, lo: int = 0, hi: int | None = None) -> tuple[
     return q.cpu().numpy(), p.cpu().numpy()
 
 
-def _thirds(T: int) -> list[tuple[int, int]]:
-    e = [0, T // 3, (2 * T) // 3, T]
-    return [(e[i], e[i + 1]) for i in range(3)]
-
-
-def _mean_se(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    n = x.shape[0]
-    m = x.mean(0)
-    se = x.std(0, ddof=1) / math.sqrt(n) if n > 1 else np.full_like(m, np.nan)
-    return m, se
-
-
-def _ratio_se(num: np.ndarray, den: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """mean(num) / mean(den) with its delta-method standard error."""
-    n = num.shape[0]
-    md = den.mean(0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r = num.mean(0) / md
-        se = (num - r * den).std(0, ddof=1) / math.sqrt(n) / np.abs(md) if n > 1 else np.full_like(r, np.nan)
-    return r, se
-
-
 def _first_tensor(out: Any) -> torch.Tensor:
     if isinstance(out, torch.Tensor):
         return out
@@ -228,13 +209,13 @@ def _run_one(model: nn.Module, ids: torch.Tensor, gen: torch.Generator, attentio
     if any(h is None for h in hs):
         raise RuntimeError("a block's input or output was not captured")
     T = ids.shape[1]
-    thirds = _thirds(T)
+    spans = thirds(T)
     res: dict[str, list] = {k: [] for k in ("q", "p", "q3", "p3", "gq", "gp", "gq3")}
     for h in hs:
         q, p = _pair_moments(h)
         res["q"].append(q)
         res["p"].append(p)
-        m3 = [_pair_moments(h, lo, hi) for lo, hi in thirds]
+        m3 = [_pair_moments(h, lo, hi) for lo, hi in spans]
         res["q3"].append(np.stack([m[0] for m in m3], axis=1))
         res["p3"].append(np.stack([m[1] for m in m3], axis=1))
     hL = hs[-1]
@@ -247,7 +228,7 @@ def _run_one(model: nn.Module, ids: torch.Tensor, gen: torch.Generator, attentio
         gq, gp = _pair_moments(g)
         res["gq"].append(gq)
         res["gp"].append(gp)
-        res["gq3"].append(np.stack([_pair_moments(g, lo, hi)[0] for lo, hi in thirds], axis=1))
+        res["gq3"].append(np.stack([_pair_moments(g, lo, hi)[0] for lo, hi in spans], axis=1))
     out_np = {k: np.stack(v, axis=1) for k, v in res.items()}  # (B, L+1[, 3])
     atts = getattr(out, "attentions", None) if attentions else None
     if atts is not None and len(atts) == L and all(a is not None for a in atts):
@@ -255,7 +236,7 @@ def _run_one(model: nn.Module, ids: torch.Tensor, gen: torch.Generator, attentio
         for a in atts:  # (B, heads, T, T) after attention dropout
             s = (a.detach().double() ** 2).sum(-1).mean(1)  # (B, T): per query row, mean over heads
             ipr.append(s.mean(1).cpu().numpy())
-            ipr3.append(np.stack([s[:, lo:hi].mean(1).cpu().numpy() for lo, hi in thirds], axis=1))
+            ipr3.append(np.stack([s[:, lo:hi].mean(1).cpu().numpy() for lo, hi in spans], axis=1))
         out_np["ipr"] = np.stack(ipr, axis=1)
         out_np["ipr3"] = np.stack(ipr3, axis=1)
     return out_np
@@ -317,23 +298,23 @@ def measure(
     def put(name: str, pair: tuple[np.ndarray, np.ndarray]) -> None:
         out[name], out[name + "_se"] = pair
 
-    put("q", _mean_se(cat["q"]))
-    put("p", _mean_se(cat["p"]))
-    put("rho", _ratio_se(cat["p"], cat["q"]))
-    put("q_thirds", _mean_se(cat["q3"]))
-    put("rho_thirds", _ratio_se(cat["p3"], cat["q3"]))
-    put("grad_q", _mean_se(cat["gq"]))
-    put("grad_p", _mean_se(cat["gp"]))
+    put("q", mean_se(cat["q"]))
+    put("p", mean_se(cat["p"]))
+    put("rho", ratio_se(cat["p"], cat["q"]))
+    put("q_thirds", mean_se(cat["q3"]))
+    put("rho_thirds", ratio_se(cat["p3"], cat["q3"]))
+    put("grad_q", mean_se(cat["gq"]))
+    put("grad_p", mean_se(cat["gp"]))
     ref = np.repeat(cat["gq"][:, L:L + 1], L + 1, axis=1)
-    put("grad_q_norm", _ratio_se(cat["gq"], ref))
-    put("grad_p_norm", _ratio_se(cat["gp"], ref))
-    put("grad_rho", _ratio_se(cat["gp"], cat["gq"]))
+    put("grad_q_norm", ratio_se(cat["gq"], ref))
+    put("grad_p_norm", ratio_se(cat["gp"], ref))
+    put("grad_rho", ratio_se(cat["gp"], cat["gq"]))
     ref3 = np.repeat(cat["gq3"][:, L:L + 1], L + 1, axis=1)
-    put("grad_q_norm_thirds", _ratio_se(cat["gq3"], ref3))
+    put("grad_q_norm_thirds", ratio_se(cat["gq3"], ref3))
     if "ipr" in cat:
-        m_, se_ = _mean_se(cat["ipr"] * ipr_factor)
+        m_, se_ = mean_se(cat["ipr"] * ipr_factor)
         out["ipr"], out["ipr_se"] = m_, se_
-        m_, se_ = _mean_se(cat["ipr3"] * ipr_factor)
+        m_, se_ = mean_se(cat["ipr3"] * ipr_factor)
         out["ipr_thirds"], out["ipr_thirds_se"] = m_, se_
     out.update(n=seeds * batch, seeds=seeds, batch=batch, layers=L, seq_len=seq_len,
                tokens="given" if input_ids is not None else tokens, attn_dropout=1.0 - ipr_factor)

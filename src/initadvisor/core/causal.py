@@ -3,7 +3,7 @@
 The engine's single (q, p) pair is the simplex geometry of 001 ("Autoregressive Models", sec. 5, and C.6,
 Fig. 12): exact for late tokens of a long causal sequence, wrong for early ones, which attend to few keys
 (003, Lemma 3: under uniform causal attention the attention output at position m has variance ~ 1/m).
-Here the state of one layer is the full overlap matrix
+The exact state of one layer is the overlap matrix
 
     C[m, n] = E[x_m . x_n] / d        (m, n = 1..T; C[m, m] = q_m, C[m, n] = p_mn for m != n),
 
@@ -22,7 +22,7 @@ pushed through the same components as the engine (components.py / blocks.py), ea
   overlaps  O[m, n] = sum_{s<=m, s'<=n} E[A_ms A_ns'] Cv[s, s']  written as a uniform part plus fluctuations:
 
       A_ms = 1/m + delta_ms,  sum_s delta_ms = 0,
-      O[m, n] = Sv[m, n] / (m n)                                   (uniform part: 2-D prefix sums, O(T^2))
+      O[m, n] = Sv[m, n] / (m n)                                   (uniform part: 2-D prefix sums)
               + (Y2_m - 1/m) gapV_m                        (m = n:  REM inverse participation at m keys)
               + (Yp_mn - 1/max(m, n)) gapV_min(m,n)         (m != n: cross-row overlap on the shared keys)
               + (1/keep - 1) Y2_m qbarV_m                   (m = n:  attention dropout),
@@ -33,7 +33,23 @@ pushed through the same components as the engine (components.py / blocks.py), ea
   For Cv = p 11^T + (q - p) I and m = n = T this is the engine's mix_forward exactly. Centered attention
   (A - 1/m: the MC subtracts the causal mean of V) keeps only the fluctuation terms.
 
-Everything is O(T^2) per layer (no O(T^3)): T = 2048 and tens of layers run in seconds.
+Reduced form (what runs). The T x T matrix costs O(T^2) per layer (0.85 s at T = 2048). Everything above
+varies slowly in log m, so positions are grouped: singletons for the first `_SINGLE` positions, then groups
+growing geometrically by `_RATIO` (about 180 groups at T = 2048), with edges at T//3 and 2T//3 so the thirds
+are unions of groups. Tokens of one group are treated as exchangeable. The state is
+
+    qf (T,)   the diagonal q_m at full resolution (every component's diagonal depends on q_m and on row m's
+              key statistics only, so it is propagated per position),
+    P (K, K)  the mean overlap between two distinct tokens of groups g, h (P[g, g]: within group g).
+
+Row m's key statistics (qbar_m, pbar_m, hence beta_c, Y2_m, v_m) and the diagonal Sv[m, m] are exact per
+position: the keys of row m are the full groups before its own plus the first i tokens of its group, whose
+sums follow from (qf, P). The off-diagonal uniform part, averaged over m in g and n in h, is exact too: Sv is
+bilinear in the within-group indices (i, j) (plus the within-group cumulative diagonal), so its average over
+the group pair needs only the group moments mean(1/m), mean(i/m) and their pair versions, precomputed once.
+Only the nonlinear pieces use group means: the fluctuation term (exp(rho v), the cap, gapV), the norm
+(mean of q_m^(-1/2)) and the activation kernels (at the group's mean q). With all groups singletons the
+reduced form is the full matrix form exactly. Cost O(K^2 + T) per layer.
 
 Measured quantities follow simulate.py: rho = (mean over ordered pairs m != n of p_mn) / (mean over m of q_m),
 a ratio of averages, over all positions and over the first / middle / last third (edges T//3, 2T//3).
@@ -52,7 +68,11 @@ from initadvisor.core import attention as att
 from initadvisor.core import kernels
 from initadvisor.core.components import BlockParams
 
-__all__ = ["CausalTrace", "propagate_causal", "propagate_overlaps", "pair_kernel", "thirds", "summarize"]
+__all__ = ["CausalTrace", "propagate_causal", "propagate_overlaps", "pair_kernel", "thirds", "summarize",
+           "rem_rows", "group_edges"]
+
+_SINGLE = 64  # positions 1.._SINGLE are their own group
+_RATIO = 1.03  # then each group ends at about _RATIO x the previous edge
 
 
 # ------------------------------------------------------------------------------------------------
@@ -73,7 +93,8 @@ class CausalTrace:
         branch output at position m: after the output projection (and its bias), before the residual's dropout
         and block scale. Chi et al. (003) Lemma 3 predicts d^2 sigma^4 / m for LayerNormed inputs, W_V, W_O
         entries N(0, sigma^2), uniform attention, uncorrelated tokens: here g_V g_O (p + (q - p) Y2_m) + ...
-    overlap: (T, T) the final layer's overlap matrix C (None unless asked for).
+    overlap: (T, T) the final layer's overlap matrix C (None unless asked for; from the reduced form, constant
+        off the diagonal within each pair of position groups).
     """
 
     q: np.ndarray
@@ -91,7 +112,7 @@ class CausalTrace:
 
 
 def thirds(T: int) -> list[tuple[int, int]]:
-    """Position ranges [lo, hi) of the three thirds, as simulate._thirds."""
+    """Position ranges [lo, hi) of the three thirds (the split simulate and torch measure with)."""
     e = [0, T // 3, (2 * T) // 3, T]
     return [(e[i], e[i + 1]) for i in range(3)]
 
@@ -100,6 +121,8 @@ def _pair_moments(C: np.ndarray, lo: int = 0, hi: int | None = None) -> tuple[fl
     """(mean q, mean over ordered pairs m != n of p) within positions lo..hi-1 (simulate.pair_moments)."""
     B = C[lo:hi, lo:hi]
     n = B.shape[0]
+    if n == 0:
+        return math.nan, math.nan
     tr = float(np.trace(B))
     tot = float(B.sum())
     q = tr / n
@@ -108,7 +131,7 @@ def _pair_moments(C: np.ndarray, lo: int = 0, hi: int | None = None) -> tuple[fl
 
 
 def summarize(C: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-    """(rho over all positions, rho per third (3,), q per third (3,)) of an overlap matrix."""
+    """(rho over all positions, rho per third (3,), q per third (3,)) of a full overlap matrix."""
     q, p = _pair_moments(C)
     r3, q3 = np.empty(3), np.empty(3)
     for j, (lo, hi) in enumerate(thirds(C.shape[0])):
@@ -118,52 +141,102 @@ def summarize(C: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
 
 
 # ------------------------------------------------------------------------------------------------
-# Components on the overlap matrix
+# Position groups
 
 
-def _norm(C: np.ndarray) -> np.ndarray:
-    """LayerNorm / RMSNorm per position: C[m, n] / sqrt(q_m q_n) (components.norm, per pair)."""
-    s = 1.0 / np.sqrt(np.diag(C))
-    out = C * s[:, None]
-    out *= s[None, :]
-    np.fill_diagonal(out, 1.0)
-    return out
+def group_edges(T: int, single: int = _SINGLE, ratio: float = _RATIO) -> np.ndarray:
+    """Group edges 0 = e_0 < ... < e_K = T: singletons up to `single`, then geometric (edge x ratio), plus the
+    thirds' edges T//3, 2T//3. single >= T gives the full (all singletons) resolution."""
+    e = list(range(min(single, T) + 1))
+    while e[-1] < T:
+        e.append(min(T, max(e[-1] + 1, int(round(e[-1] * ratio)))))
+    return np.array(sorted(set(e) | {T // 3, (2 * T) // 3}), dtype=np.int64)
 
 
-def _linear(C: np.ndarray, gain, bias2=0.0) -> np.ndarray:
-    out = C * float(gain)
-    if bias2:
-        out += float(bias2)
-    return out
+@dataclass(frozen=True)
+class _Grid:
+    T: int
+    edges: np.ndarray  # (K+1,)
+    start: np.ndarray  # (K,) first position index (0-based) of each group
+    n: np.ndarray  # (K,) group sizes (float)
+    gid: np.ndarray  # (T,) group of each position
+    m: np.ndarray  # (T,) 1-based position
+    i: np.ndarray  # (T,) 1-based index within the group
+    A: np.ndarray  # (K,) mean over the group of 1/m
+    B: np.ndarray  # (K,) mean of i/m
+    A2: np.ndarray  # (K,) mean over ordered pairs i != j of u_i u_j (u = 1/m); 0 for singletons
+    Bt: np.ndarray  # (K,) mean over pairs of i u_i u_j
+    E: np.ndarray  # (K,) mean over pairs of (i j - min(i, j)) u_i u_j
+    Amax: np.ndarray  # (K,) mean over pairs of 1/max(m, n)
+    pairs: np.ndarray  # (K,) n (n - 1)
+    lo: np.ndarray  # (K, K) min(g, h)
+    hi: np.ndarray  # (K, K) max(g, h)
+    third_groups: tuple  # group index ranges of the three thirds
+    single: np.ndarray  # (K,) bool: singleton groups
+
+    def segsum(self, x: np.ndarray) -> np.ndarray:
+        return np.add.reduceat(x, self.start)
+
+    def cum_within(self, x: np.ndarray) -> np.ndarray:
+        """Inclusive cumulative sum within each group."""
+        c = np.cumsum(x)
+        off = np.concatenate(([0.0], c))[self.start]
+        return c - off[self.gid]
+
+    def pair_min_sum(self, c: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Per group: sum over ordered pairs i != j of c_min(i, j) u_i u_j = 2 sum_j u_j sum_{i<j} c_i u_i."""
+        cu = c * u
+        return 2.0 * self.segsum(u * (self.cum_within(cu) - cu))
 
 
-def _dropout(C: np.ndarray, rate) -> np.ndarray:
-    """Training-mode dropout: independent masks per position, so only the diagonal grows by 1/(1 - rate)."""
-    if not rate:
-        return C
-    out = C.copy()
-    idx = np.diag_indices_from(out)
-    out[idx] /= 1.0 - float(rate)
-    return out
+@lru_cache(maxsize=16)
+def _grid(T: int, single: int, ratio: float) -> _Grid:
+    edges = group_edges(T, single, ratio)
+    start = edges[:-1]
+    n_int = np.diff(edges)
+    K = len(n_int)
+    gid = np.repeat(np.arange(K), n_int)
+    m = np.arange(1, T + 1, dtype=float)
+    i = m - start[gid]
+    n = n_int.astype(float)
+    u = 1.0 / m
+    pairs = n * (n - 1)
+
+    def seg(x):
+        return np.add.reduceat(x, start)
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        inv_pairs = np.where(pairs > 0, 1.0 / np.maximum(pairs, 1.0), 0.0)
+    su, siu = seg(u), seg(i * u)
+    A2 = (su * su - seg(u * u)) * inv_pairs
+    Bt = (siu * su - seg(i * u * u)) * inv_pairs
+    # sum_{i<j} i u_i u_j, within groups
+    c = np.cumsum(i * u)
+    off = np.concatenate(([0.0], c))[start]
+    excl = c - off[gid] - i * u
+    lower = seg(u * excl)
+    E = (siu * siu - seg(i * i * u * u) - 2.0 * lower) * inv_pairs
+    Amax = 2.0 * seg((i - 1.0) * u) * inv_pairs  # position n is the later one of i - 1 pairs (each ordered twice)
+    idx = np.arange(K)
+    k1, k2 = int(np.searchsorted(edges, T // 3)), int(np.searchsorted(edges, (2 * T) // 3))
+    return _Grid(T=T, edges=edges, start=start, n=n, gid=gid, m=m, i=i, A=su / n, B=siu / n, A2=A2, Bt=Bt,
+                 E=E, Amax=Amax, pairs=pairs, lo=np.minimum.outer(idx, idx), hi=np.maximum.outer(idx, idx),
+                 third_groups=((0, k1), (k1, k2), (k2, K)), single=n_int == 1)
 
 
-def _residual(C: np.ndarray, F: np.ndarray, skip, block) -> np.ndarray:
-    return float(skip) ** 2 * C + float(block) ** 2 * F
+# ------------------------------------------------------------------------------------------------
+# Activation kernels for unequal variances: (a, b) the two variances, c the covariance (broadcasting)
 
 
-# --- activation kernels for unequal variances -------------------------------------------------------
-
-
-def _relu_pair(C: np.ndarray) -> np.ndarray:
+def _relu_pair(a, b, c):
     """E[relu(u) relu(v)] = sqrt(ab)/(2 pi) (sqrt(1 - r^2) + r (pi - arccos r)): the arc-cosine kernel
     (001 eq. 16; Cho & Saul 2009) is positively homogeneous, so unequal variances a, b only rescale it."""
-    s = np.sqrt(np.diag(C))
-    ss = np.multiply.outer(s, s)
-    r = np.clip(C / ss, -1.0, 1.0)
+    ss = np.sqrt(a * b)
+    r = np.clip(c / ss, -1.0, 1.0)
     return ss / (2 * np.pi) * (np.sqrt(1 - r * r) + r * (np.pi - np.arccos(r)))
 
 
-def _gelu_pair(C: np.ndarray) -> np.ndarray:
+def _gelu_pair(a, b, c):
     """E[u Phi(u) v Phi(v)] for (u, v) ~ N(0, [[a, c], [c, b]]), exact.
 
     Write Phi(u) = P(Z1 <= u), s = u - Z1, t = v - Z2 (Z independent N(0, 1)) and apply Gaussian integration by
@@ -172,15 +245,11 @@ def _gelu_pair(C: np.ndarray) -> np.ndarray:
         c/4 + c/(2 pi) arcsin(c / sqrt((1+a)(1+b))) + (ab + c^2 - c^2 a/(1+a) - c^2 b/(1+b)) / (2 pi sqrt D).
 
     For a = b = q, c = r q it is 004 A.5's covariance plus the squared mean (kernels.gelu_forward)."""
-    a = np.diag(C)
-    A = 1.0 + a
-    AB = np.multiply.outer(A, A)
-    ab = np.multiply.outer(a, a)
-    c2 = C * C
+    AB = (1.0 + a) * (1.0 + b)
+    c2 = c * c
     D = np.maximum(AB - c2, 1e-300)
-    fa = a / A
-    brack = ab + c2 - c2 * (fa[:, None] + fa[None, :])
-    return C / 4 + C / (2 * np.pi) * np.arcsin(np.clip(C / np.sqrt(AB), -1, 1)) + brack / (2 * np.pi * np.sqrt(D))
+    brack = a * b + c2 - c2 * (a / (1.0 + a) + b / (1.0 + b))
+    return c / 4 + c / (2 * np.pi) * np.arcsin(np.clip(c / np.sqrt(AB), -1, 1)) + brack / (2 * np.pi * np.sqrt(D))
 
 
 @lru_cache(maxsize=4)
@@ -197,152 +266,239 @@ def _hermite_basis(n: int, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return z, w, H
 
 
-def _series_pair(f, C: np.ndarray, K: int = 40, n: int = 120) -> np.ndarray:
-    """E[f(u) f(v)] by Mehler's formula: sum_k h_k(a) h_k(b) r^k, h_k(a) = E[f(sqrt(a) z) He_k(z)]/sqrt(k!),
-    plus the truncation tail sqrt(t_a t_b) r^(K+1) with t_a = E f^2 - sum_k h_k(a)^2 (exact on the diagonal)."""
+def _series_coeffs(f, a: np.ndarray, K: int = 40, n: int = 120) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(h (len(a), K+1), E f^2, truncation tail) with h_k(a) = E[f(sqrt(a) z) He_k(z)]/sqrt(k!)."""
     z, w, H = _hermite_basis(n, K)
-    a = np.diag(C)
-    fz = f(np.sqrt(a)[:, None] * z[None, :])  # (T, n)
-    h = (fz * w) @ H.T  # (T, K+1)
+    fz = f(np.sqrt(a)[:, None] * z[None, :])
+    h = (fz * w) @ H.T
     ef2 = (fz * fz) @ w
-    tail = np.maximum(ef2 - (h * h).sum(1), 0.0)
+    return h, ef2, np.maximum(ef2 - (h * h).sum(1), 0.0)
+
+
+def _series_pair(f, a: np.ndarray, C: np.ndarray, K: int = 40) -> np.ndarray:
+    """E[f(u) f(v)] by Mehler's formula: sum_k h_k(a) h_k(b) r^k, plus the truncation tail
+    sqrt(t_a t_b) r^(K+1) with t_a = E f^2 - sum_k h_k(a)^2 (a: the variances of rows and columns alike)."""
+    h, ef2, tail = _series_coeffs(f, a, K)
     s = np.sqrt(a)
     r = np.clip(C / np.multiply.outer(s, s), -1.0, 1.0)
-    out = np.multiply.outer(h[:, 0], h[:, 0])
-    rk = np.ones_like(r)
-    for k in range(1, K + 1):
-        rk *= r
-        out += rk * np.multiply.outer(h[:, k], h[:, k])
-    rk *= r
-    out += rk * np.sqrt(np.multiply.outer(tail, tail))
-    np.fill_diagonal(out, ef2)
+    out = np.multiply.outer(h[:, K], h[:, K])
+    for k in range(K - 1, -1, -1):  # Horner in r
+        out *= r
+        out += np.multiply.outer(h[:, k], h[:, k])
+    out += r ** (K + 1) * np.sqrt(np.multiply.outer(tail, tail))
     return out
+
+
+def _self_kernel(act: str, q: np.ndarray) -> np.ndarray:
+    """E[phi(u)^2], u ~ N(0, q), per entry of q."""
+    if act == "relu":
+        return q / 2.0
+    if act in ("gelu", "geglu"):
+        return _gelu_pair(q, q, q)
+    if act == "linear":
+        return q.copy()
+    return _series_coeffs(kernels.PHI["silu" if act == "swiglu" else act][0], q)[1]
+
+
+def _cross_kernel(act: str, a: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """E[phi(u) phi(v)] for every entry of C: Var u = a[row], Var v = a[col], Cov = C (diagonal not special)."""
+    if act == "relu":
+        return _relu_pair(a[:, None], a[None, :], C)
+    if act in ("gelu", "geglu"):
+        return _gelu_pair(a[:, None], a[None, :], C)
+    if act == "linear":
+        return C.copy()
+    return _series_pair(kernels.PHI["silu" if act == "swiglu" else act][0], a, C)
 
 
 def pair_kernel(act: str, C: np.ndarray) -> np.ndarray:
     """E[phi(u_m) phi(u_n)] for the Gaussian field with covariance C (raw moments: the mean is kept)."""
-    if act == "relu":
-        return _relu_pair(C)
-    if act in ("gelu", "geglu"):
-        return _gelu_pair(C)
-    if act == "linear":
-        return C.copy()
-    f = kernels.PHI["silu" if act == "swiglu" else act][0]
-    return _series_pair(f, C)
+    q = np.diag(C).copy()
+    out = _cross_kernel(act, q, C)
+    np.fill_diagonal(out, _self_kernel(act, q))
+    return out
 
 
-# --- causal attention ------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
+# Causal attention rows
 
 
-@lru_cache(maxsize=4)
-def _index_grids(T: int) -> tuple[np.ndarray, np.ndarray]:
-    i = np.arange(T)
-    return np.minimum.outer(i, i), np.maximum.outer(i, i)
-
-
-def _prefix2(C: np.ndarray) -> np.ndarray:
-    """S[m, n] = sum_{s <= m, s' <= n} C[s, s'] (0-based, inclusive)."""
-    return np.cumsum(np.cumsum(C, axis=0), axis=1)
-
-
-def _key_geometry(C: np.ndarray, S: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Mean diagonal and mean off-diagonal of C over positions 1..m, for every m (prefix sums)."""
-    if S is None:
-        S = _prefix2(C)
-    m = np.arange(1, C.shape[0] + 1, dtype=float)
-    tr = np.cumsum(np.diag(C))
-    tot = np.diag(S)
-    qbar = tr / m
-    with np.errstate(invalid="ignore", divide="ignore"):
-        pbar = np.where(m > 1, (tot - tr) / (m * np.maximum(m - 1, 1)), qbar)
-    return qbar, pbar
-
-
-def rem_rows(beta, bc: np.ndarray, lnT: float) -> tuple[np.ndarray, np.ndarray]:
+def rem_rows(beta, bc: np.ndarray, lnT: float, m: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(Y2_m, v_m) of attention row m with m keys: attention.participation at T = m, vectorised over rows.
 
     The row's score variance is beta^2 ln T q_query (qbar_m - pbar_m) = 2 ln T (beta/bc_m)^2 (beta is defined
     with the spec's ln T), i.e. Giorlandino-Goldt's beta at m keys is beta_m = beta sqrt(ln T / ln m).
     Annealed e^v / m for x = beta_m / bc_m <= 1/2 (v frozen at x = 1/2 beyond), REM 1 - 1/x (001 eq. 12),
     the larger of the two, at most 1; a row with one key has Y2 = 1."""
-    T = bc.shape[0]
-    m = np.arange(1, T + 1, dtype=float)
+    if m is None:
+        m = np.arange(1, bc.shape[0] + 1, dtype=float)
     lnm = np.log(m)
     with np.errstate(divide="ignore", invalid="ignore"):
         x = float(beta) * math.sqrt(lnT) / (bc * np.sqrt(lnm))
-    x = np.where(m > 1, x, np.inf)
+    one = m <= 1
+    x = np.where(one, np.inf, x)
     xc = np.minimum(x, 0.5)
-    v = np.where(m > 1, 2.0 * xc**2 * lnm, 0.0)
+    v = np.where(one, 0.0, 2.0 * xc**2 * lnm)
     loc = np.maximum(1.0 - 1.0 / np.maximum(x, 1e-300), 0.0)
-    y2 = np.minimum(np.maximum(np.exp(v) / m, loc), 1.0)
-    y2[0] = 1.0
+    y2 = np.where(one, 1.0, np.minimum(np.maximum(np.exp(v) / m, loc), 1.0))
     return y2, v
+
+
+# ------------------------------------------------------------------------------------------------
+# Components on the reduced state (qf: per-position q, P: group-pair overlaps)
+
+
+@dataclass
+class _State:
+    qf: np.ndarray  # (T,)
+    P: np.ndarray  # (K, K)
+
+
+def _gmean(G: _Grid, x: np.ndarray) -> np.ndarray:
+    return G.segsum(x) / G.n
+
+
+def _norm(G: _Grid, S: _State) -> _State:
+    """LayerNorm / RMSNorm per position: C[m, n] / sqrt(q_m q_n) (components.norm, per pair)."""
+    w = _gmean(G, 1.0 / np.sqrt(S.qf))
+    return _State(np.ones_like(S.qf), S.P * np.multiply.outer(w, w))
+
+
+def _linear(S: _State, gain, bias2=0.0) -> _State:
+    g, b = float(gain), float(bias2)
+    return _State(g * S.qf + b, g * S.P + b)
+
+
+def _dropout(S: _State, rate) -> _State:
+    """Training-mode dropout: independent masks per position, so only the diagonal grows by 1/(1 - rate)."""
+    if not rate:
+        return S
+    return _State(S.qf / (1.0 - float(rate)), S.P)
+
+
+def _residual(S: _State, F: _State, skip, block) -> _State:
+    s2, b2 = float(skip) ** 2, float(block) ** 2
+    return _State(s2 * S.qf + b2 * F.qf, s2 * S.P + b2 * F.P)
 
 
 @dataclass
 class _AttCache:
     y2: np.ndarray
     beta_c: np.ndarray
-    out: np.ndarray  # attention branch output overlaps (after W_O, before dropout)
+    var: np.ndarray  # per-position attention branch output q (after W_O, before dropout)
 
 
-def _attention(C: np.ndarray, P: BlockParams, lnT: float) -> tuple[np.ndarray, _AttCache]:
-    T = C.shape[0]
-    m = np.arange(1, T + 1, dtype=float)
+def _attention(G: _Grid, S: _State, P: BlockParams, lnT: float) -> tuple[_State, _AttCache]:
+    qf, Pm = S.qf, S.P
+    n, gid, m, i = G.n, G.gid, G.m, G.i
+    K = len(n)
+    qg = _gmean(G, qf)
+    # group-pair totals sum_{s in g, s' in h} C[s, s'] and their exclusive 2-D prefix sums
+    M = Pm * np.multiply.outer(n, n)
+    M[np.diag_indices(K)] = n * qg + G.pairs * np.diag(Pm)
+    SP = np.zeros((K + 1, K + 1))
+    np.cumsum(np.cumsum(M, axis=0), axis=1, out=SP[1:, 1:])
+    rc = np.zeros((K, K + 1))
+    np.cumsum(M, axis=1, out=rc[:, 1:])
+    r = rc[:, :K] / n[:, None]  # r[g, h] = row sum of one token of g over the groups before h
+    SPd = np.diag(SP)[:K]
+    rd = np.diag(r)
+    pd = np.diag(Pm)
+
+    # per row m (group g, i-th of its group): keys = groups before g + the first i tokens of g
+    cq = G.cum_within(qf)
+    g_ = gid
+    tot = SPd[g_] + 2.0 * i * rd[g_] + cq + i * (i - 1.0) * pd[g_]  # sum_{s, s' <= m} C[s, s']
+    trace = np.cumsum(qf)
+    qbar = trace / m
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pbar = np.where(m > 1, (tot - trace) / (m * np.maximum(m - 1.0, 1.0)), qbar)
     qb = float(P.q_bias)
-    S = _prefix2(C)
-    qbar, pbar = _key_geometry(C, S)
-    qq = np.diag(C) + qb  # query second moment of row m (with the query bias share)
+    qq = qf + qb
     bc = att.beta_c(qbar, pbar, qq)
-    y2, v = rem_rows(P.beta, bc, lnT)
-
-    lo, hi = _index_grids(T)
-    # cross-row overlap on the shared keys: annealed exp(rho^Q v) / max(m, n), capped by sqrt(Y2_m Y2_n)
-    sq = np.sqrt(qq)
-    rho_q = (C + qb) / np.multiply.outer(sq, sq)
-    yp = np.exp(rho_q * np.sqrt(np.multiply.outer(v, v))) / (hi + 1.0)
-    np.minimum(yp, np.sqrt(np.multiply.outer(y2, y2)), out=yp)
+    y2, v = rem_rows(P.beta, bc, lnT, m)
 
     g_v, b_v2 = float(P.g_v), float(P.b_v2)
     gap_v = g_v * np.maximum(qbar - pbar, 0.0)
-    qbar_v = g_v * qbar + b_v2
     keep = 1.0 - float(P.attn_dropout)
+    diag = (y2 - 1.0 / m) * gap_v + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
 
-    out = (yp - 1.0 / (hi + 1.0)) * gap_v[lo]  # fluctuations, off-diagonal
-    diag = (y2 - 1.0 / m) * gap_v + (1.0 / keep - 1.0) * y2 * qbar_v
-    if not P.centered:  # uniform part: (1/(m n)) sum_{s<=m, s'<=n} Cv[s, s'], Cv = g_V C + b_V^2
-        out += (g_v / np.multiply.outer(m, m)) * S + b_v2
-        diag += g_v * np.diag(S) / (m * m) + b_v2
-    np.fill_diagonal(out, diag)
-    out = _linear(out, P.g_o, P.b_o2)
-    return _dropout(out, P.dropout), _AttCache(y2, bc, out)
+    # off-diagonal fluctuations from group means: (Yp - 1/max(m, n)) gapV_min(m, n)
+    qqg = qg + qb
+    rho_q = (Pm + qb) / np.sqrt(np.multiply.outer(qqg, qqg))
+    sv, sy, gv = _gmean(G, np.sqrt(v)), _gmean(G, np.sqrt(y2)), _gmean(G, gap_v)
+    amax = G.A[G.hi]
+    amax[np.diag_indices(K)] = G.Amax
+    yp = np.minimum(np.exp(rho_q * np.multiply.outer(sv, sv)) * amax, np.multiply.outer(sy, sy))
+    out = (yp - amax) * gv[G.lo]
+
+    if not P.centered:  # uniform part: (1/(m n)) sum_{s<=m, s'<=n} Cv[s, s'], averaged over the group pair
+        A, B = G.A, G.B
+        D = _gmean(G, (cq - i * qg[gid]) / m)  # within-group spread of the diagonal (0 for constant q)
+        U = SP[:K, :K] * np.multiply.outer(A, A) + r * np.multiply.outer(B, A) + r.T * np.multiply.outer(A, B)
+        U += Pm * np.multiply.outer(B, B)
+        DA = np.multiply.outer(D, A)
+        U += np.where(G.lo == np.arange(K)[:, None], DA, DA.T)  # D of the earlier group
+        F = G.pair_min_sum(cq, 1.0 / m) / np.maximum(G.pairs, 1.0)
+        U[np.diag_indices(K)] = SPd * G.A2 + 2.0 * rd * G.Bt + pd * G.E + F
+        out += g_v * U + b_v2
+        diag += g_v * tot / (m * m) + b_v2
+    out[G.single, G.single] = 0.0
+    O = _linear(_State(diag, out), P.g_o, P.b_o2)
+    return _dropout(O, P.dropout), _AttCache(y2, bc, O.qf)
 
 
-def _mlp(C: np.ndarray, P: BlockParams) -> np.ndarray:
-    C1 = _linear(C, P.g_1, P.b_12)
-    K = pair_kernel(P.activation, C1)
-    if P.activation in ("swiglu", "geglu"):
-        K *= C1  # independent gate and up projections
-    return _dropout(_linear(K, P.g_2, P.b_22), P.dropout)
+def _mlp(G: _Grid, S: _State, P: BlockParams) -> _State:
+    C1 = _linear(S, P.g_1, P.b_12)
+    act = P.activation
+    kd = _self_kernel(act, C1.qf)
+    ko = _cross_kernel(act, _gmean(G, C1.qf), C1.P)
+    if act in ("swiglu", "geglu"):  # independent gate and up projections
+        kd, ko = kd * C1.qf, ko * C1.P
+    return _dropout(_linear(_State(kd, ko), P.g_2, P.b_22), P.dropout)
 
 
-def _block(C: np.ndarray, P: BlockParams, lnT: float) -> tuple[np.ndarray, _AttCache]:
-    """One block on the overlap matrix; the same recipes as blocks.block_forward."""
+def _block(G: _Grid, S: _State, P: BlockParams, lnT: float) -> tuple[_State, _AttCache]:
+    """One block on the reduced state; the same recipes as blocks.block_forward."""
     if P.parallel:
-        Cn = _norm(C)
-        A, cache = _attention(Cn, P, lnT)
-        M = _mlp(Cn, P)
-        return _residual(C, A, P.skip_a, P.block_a) + float(P.block_m) ** 2 * M, cache
+        Sn = _norm(G, S)
+        A, cache = _attention(G, Sn, P, lnT)
+        M = _mlp(G, Sn, P)
+        out = _residual(S, A, P.skip_a, P.block_a)
+        bm = float(P.block_m) ** 2
+        return _State(out.qf + bm * M.qf, out.P + bm * M.P), cache
     pre, post = P.norm == "pre", P.norm == "post"
-    A, cache = _attention(_norm(C) if pre else C, P, lnT)
-    C = _residual(C, A, P.skip_a, P.block_a)
+    A, cache = _attention(G, _norm(G, S) if pre else S, P, lnT)
+    S = _residual(S, A, P.skip_a, P.block_a)
     if post:
-        C = _norm(C)
-    M = _mlp(_norm(C) if pre else C, P)
-    C = _residual(C, M, P.skip_m, P.block_m)
+        S = _norm(G, S)
+    M = _mlp(G, _norm(G, S) if pre else S, P)
+    S = _residual(S, M, P.skip_m, P.block_m)
     if post:
-        C = _norm(C)
-    return C, cache
+        S = _norm(G, S)
+    return S, cache
+
+
+def _summary(G: _Grid, S: _State) -> tuple[float, np.ndarray, np.ndarray]:
+    """(rho over all positions, rho per third, q per third) of the reduced state."""
+    n = G.n
+    M = S.P * np.multiply.outer(n, n)
+    M[np.diag_indices(len(n))] = G.pairs * np.diag(S.P)  # off-diagonal totals only
+    tr = G.segsum(S.qf)
+
+    def ratio(a: int, b: int) -> tuple[float, float]:
+        cnt = float(n[a:b].sum())
+        if cnt < 1:
+            return math.nan, math.nan
+        q = float(tr[a:b].sum()) / cnt
+        p = float(M[a:b, a:b].sum()) / (cnt * (cnt - 1)) if cnt > 1 else math.nan
+        return p / q, q
+
+    rho = ratio(0, len(n))[0]
+    r3, q3 = np.empty(3), np.empty(3)
+    for j, (a, b) in enumerate(G.third_groups):
+        r3[j], q3[j] = ratio(a, b)
+    return rho, r3, q3
 
 
 # ------------------------------------------------------------------------------------------------
@@ -350,13 +506,18 @@ def _block(C: np.ndarray, P: BlockParams, lnT: float) -> tuple[np.ndarray, _AttC
 
 
 def propagate_overlaps(blocks: Sequence[BlockParams], q0: float, p0: float, T: int,
-                       keep_overlap: bool = False) -> CausalTrace:
-    """Run a causal stack on the overlap matrix from the simplex input C = p0 11^T + (q0 - p0) I."""
+                       keep_overlap: bool = False, single: int = _SINGLE, ratio: float = _RATIO) -> CausalTrace:
+    """Run a causal stack from the simplex input C = p0 11^T + (q0 - p0) I on the grouped state.
+
+    single / ratio set the position groups (group_edges); single >= T is the full T x T resolution."""
     T = int(T)
     if T < 2:
         raise ValueError("a causal sequence needs T >= 2")
-    C = np.full((T, T), float(p0))
-    np.fill_diagonal(C, float(q0))
+    G = _grid(T, int(single), float(ratio))
+    K = len(G.n)
+    Pm = np.full((K, K), float(p0))
+    Pm[G.single, G.single] = 0.0
+    S = _State(np.full(T, float(q0)), Pm)
     L = len(blocks)
     qs = np.empty((L + 1, T))
     rho = np.empty(L + 1)
@@ -366,20 +527,24 @@ def propagate_overlaps(blocks: Sequence[BlockParams], q0: float, p0: float, T: i
     bcs = np.empty((L, T))
     var1 = np.full(T, np.nan)
 
-    def record(i: int, C: np.ndarray) -> None:
-        qs[i] = np.diag(C)
-        rho[i], r3[i], q3[i] = summarize(C)
+    def record(k: int, S: _State) -> None:
+        qs[k] = S.qf
+        rho[k], r3[k], q3[k] = _summary(G, S)
 
-    record(0, C)
-    for i, P in enumerate(blocks):
+    record(0, S)
+    for k, P in enumerate(blocks):
         lnT = math.log(P.seq_len) if np.isfinite(P.seq_len) else math.log(T)
-        C, cache = _block(C, P, lnT)
-        record(i + 1, C)
-        y2[i], bcs[i] = cache.y2, cache.beta_c
-        if i == 0:
-            var1 = np.diag(cache.out).copy()
+        S, cache = _block(G, S, P, lnT)
+        record(k + 1, S)
+        y2[k], bcs[k] = cache.y2, cache.beta_c
+        if k == 0:
+            var1 = cache.var.copy()
+    overlap = None
+    if keep_overlap:
+        overlap = S.P[G.gid][:, G.gid]
+        np.fill_diagonal(overlap, S.qf)
     return CausalTrace(q=qs, rho_mean=rho, rho_thirds=r3, q_thirds=q3, y2=y2, beta_c=bcs,
-                       attention_output_variance_layer1=var1, overlap=C if keep_overlap else None)
+                       attention_output_variance_layer1=var1, overlap=overlap)
 
 
 def propagate_causal(spec, keep_overlap: bool = False, **overrides) -> CausalTrace:
