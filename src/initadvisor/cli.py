@@ -253,6 +253,58 @@ def measure_torch(path: Path, spec, seeds: int, batch: int, device: str):
     return it.measure_spec(spec, seeds=seeds, batch=batch, device=device)
 
 
+class Axis(str, Enum):
+    beta = "beta"
+    alpha_sa = "alpha_sa"
+    alpha_mlp = "alpha_mlp"
+    depth = "depth"
+    seq_len = "seq_len"
+
+
+@app.command()
+def diagram(
+    spec: Path = typer.Argument(..., help="YAML model spec (or HuggingFace config.json)."),
+    x: Axis = typer.Option(Axis.beta, "--x", help="Horizontal axis."),
+    y: Axis = typer.Option(Axis.alpha_sa, "--y", help="Vertical axis."),
+    grid: int = typer.Option(64, "--grid", help="N x N points."),
+    x_range: Optional[tuple[float, float]] = typer.Option(None, "--x-range", help="A B: x from A to B."),
+    y_range: Optional[tuple[float, float]] = typer.Option(None, "--y-range", help="A B: y from A to B."),
+    format: CheckFormat = typer.Option(CheckFormat.table, "--format", help="table (a coloured grid) or json."),
+    png: Optional[Path] = typer.Option(None, "--png", help="Save the diagram as PNG (matplotlib)."),
+    svg: Optional[Path] = typer.Option(None, "--svg", help="Save the diagram as SVG (matplotlib)."),
+) -> None:
+    """Trainability diagram (001 Fig. 1c): rank collapse, entropy collapse or trainable over a grid."""
+    from initadvisor.diagram import diagram as run, render_diagram
+
+    s, _ = load(spec)
+    res = run(s, x=x.value, y=y.value, grid=grid, x_range=x_range, y_range=y_range)
+    for path in (png, svg):
+        if path is not None:
+            from initadvisor.plots import save_diagram
+
+            save_diagram(res, path)
+    if format is CheckFormat.json:
+        emit_json(res)
+    else:
+        from rich.console import Console
+
+        render_diagram(res, Console())
+
+
+@app.command()
+def plot(
+    spec: Path = typer.Argument(..., help="YAML model spec (or HuggingFace config.json)."),
+    png: Path = typer.Option(..., "--png", help="Output file (PNG, or SVG/PDF by suffix)."),
+) -> None:
+    """Per-layer rho, beta/beta_c, q and gradient profiles as a picture (matplotlib)."""
+    from initadvisor.diagnose import check as run_check
+    from initadvisor.plots import save_profiles
+
+    s, _ = load(spec)
+    save_profiles(run_check(s), png)
+    sys.stdout.write(f"wrote {png}\n")
+
+
 @app.command()
 def rules() -> None:
     """List every rule: code, severity, name and title."""

@@ -29,16 +29,15 @@ def participation(beta, bc, rho, T):
     """(Y2, Yp, Y3): IPR of an attention row, cross-row overlap, third participation ratio."""
     x = np.divide(beta, bc)
     loc = np.maximum(1.0 - 1.0 / np.maximum(x, 1e-300), 0.0)  # 001 eq. 12
-    if np.isinf(T):
-        y2, yp = loc, np.zeros_like(loc)
-        y3 = _y3_localized(x)
-        return y2, yp, y3
-    lnT = np.log(T)
-    v = 2.0 * np.minimum(x, 0.5) ** 2 * lnT  # score variance, frozen at the CLT boundary x = 1/2
-    ann2 = np.exp(v) / T  # annealed: E e^{2a} / (T (E e^a)^2)
+    inf = np.isinf(T)
+    if np.all(inf):
+        return loc, np.zeros_like(loc), _y3_localized(x)
+    Tf = np.where(inf, 2.0, T)  # finite stand-in where T = inf (those points take the asymptotic laws below)
+    v = 2.0 * np.minimum(x, 0.5) ** 2 * np.log(Tf)  # score variance, frozen at the CLT boundary x = 1/2
+    ann2 = np.where(inf, 0.0, np.exp(v) / Tf)  # annealed: E e^{2a} / (T (E e^a)^2)
     y2 = np.maximum(ann2, loc)
-    yp = np.minimum(y2, np.exp(rho * v) / T)
-    y3 = np.maximum(np.exp(3.0 * v) / T**2, _y3_localized(x))  # annealed E e^{3a} / (T^2 (E e^a)^3)
+    yp = np.where(inf, 0.0, np.minimum(y2, np.exp(rho * v) / Tf))
+    y3 = np.maximum(np.where(inf, 0.0, np.exp(3.0 * v) / Tf**2), _y3_localized(x))  # annealed E e^{3a}/(T^2 (E e^a)^3)
     return y2, yp, y3
 
 
@@ -64,7 +63,7 @@ def mixing(y2, yp, T, centered: bool, attn_dropout: float = 0.0):
     d_row = y2 / keep
     s2 = 1.0 + y2 * attn_dropout / keep
     if centered:  # rows of A - 1/T sum to zero (001 Algorithm 3)
-        inv_t = 0.0 if np.isinf(T) else 1.0 / T
+        inv_t = 1.0 / np.asarray(T, dtype=float)  # 0 for T = inf
         return d_row - inv_t, yp - inv_t, s2 - 1.0, 0.0
     return d_row, yp, s2, 1.0
 

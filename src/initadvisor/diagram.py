@@ -1,0 +1,443 @@
+"""Trainability diagram: the phase (rank collapse, entropy collapse, trainable) over a 2-D grid of settings.
+
+`diagram(spec, x, y, grid, x_range, y_range)` runs the engine once over the whole grid (BlockParams fields
+are arrays; no Python loop over points) and classifies every point with the rules of `check`:
+
+- ``entropy_collapse``: beta / beta_c >= 1 at some block (finding IA201);
+- ``rank_collapse``: rho >= thresholds.rank_collapse_rho at some layer, the input included (IA101);
+- ``trainable``: neither.
+
+Where both hold, the point is ``entropy_collapse``: as in paper 001 Fig. 1c, the localized phase is
+beta >= beta_c whatever the skip strength (the per-point ``max_rho`` and ``max_beta_ratio`` grids keep
+both quantities, so either rule can be recomputed).
+
+Axes (``x`` and ``y``, distinct):
+
+=========  =============================================  ==========================  =======
+name       what varies                                    default range               spacing
+=========  =============================================  ==========================  =======
+beta       Giorlandino-Goldt beta (BlockParams.beta)      [0.01, 3 beta_c(input)]     linear
+alpha_sa   attention skip strength (residual.attention)   [0, 3]                      linear
+alpha_mlp  MLP skip strength (residual.mlp)               [0, 3]                      linear
+depth      number of blocks                               [1, 2 layers]               linear
+seq_len    sequence length T, at fixed beta               [16, 8192]                  log
+=========  =============================================  ==========================  =======
+
+beta is linear so that the phase boundaries beta_c / 2 and beta_c sit where 001 Fig. 1c draws them;
+beta_c(input) is the engine's beta_c at block 1's attention input. A point of the grid is the spec with
+``init.qk_beta`` = beta (Q and K stds realising it at that T), the skip strength, ``model.layers`` = depth
+and ``sequence.length`` = T: varying T keeps beta (not the Q/K stds) fixed, since beta is already
+normalised by sqrt(ln T). depth and seq_len values are integers; values that coincide after rounding are
+dropped, so those axes can hold fewer than ``grid`` values.
+
+The depth axis runs the deepest stack once and reads each depth's prefix (rho at layer l of a deeper
+stack equals the shallower model's). The grid is streamed through the blocks in chunks, keeping only
+running maxima: propagate() would also store every cache and per-layer array (a GB at 256 x 256 x 100).
+
+`render_diagram(result, console)` draws the result with rich; `initadvisor.plots.save_diagram` with
+matplotlib.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from initadvisor.core.blocks import block_forward
+from initadvisor.core.model import block_params, input_moments, propagate
+from initadvisor.spec import Residual, SpecError
+
+SCHEMA = "initadvisor.diagram/1"
+PHASES = ("trainable", "rank_collapse", "entropy_collapse")  # codes 0, 1, 2 of the `codes` grid
+MAX_GRID = 1024
+CLOSED_FORM = ("relu", "gelu", "geglu", "gelu_tanh", "linear")  # activations without Gauss-Hermite quadrature
+CHUNK = 8192  # points per vectorised pass: arrays stay in cache (2.5x faster than one 65536-point pass)
+QUAD_CHUNK = 256  # quadrature activations hold (points, 48, 48) arrays
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str
+    label: str
+    scale: str  # linear | log
+    integer: bool
+    minimum: float  # smallest allowed value
+    strict: bool  # minimum itself excluded
+
+
+AXES = {
+    "beta": Axis("beta", "beta (Giorlandino-Goldt, Q/K scale)", "linear", False, 0.0, True),
+    "alpha_sa": Axis("alpha_sa", "alpha_SA (attention skip)", "linear", False, 0.0, False),
+    "alpha_mlp": Axis("alpha_mlp", "alpha_MLP (MLP skip)", "linear", False, 0.0, False),
+    "depth": Axis("depth", "depth (blocks)", "linear", True, 1.0, False),
+    "seq_len": Axis("seq_len", "sequence length T", "log", True, 2.0, False),
+}
+
+
+def _err(message: str, option: str) -> SpecError:
+    return SpecError(message, "command line", None, option)
+
+
+# ---------------------------------------------------------------------------------------------
+# Axes
+
+
+def beta_c_input(spec) -> float:
+    """The engine's beta_c at block 1's attention input (independent of beta)."""
+    t = propagate([block_params(spec)], *input_moments(spec), backward=False)
+    return float(t.beta_c[0])
+
+
+def spec_value(spec, name: str) -> float:
+    """The spec's own coordinate on an axis."""
+    return {
+        "beta": lambda: float(block_params(spec).beta),
+        "alpha_sa": lambda: float(spec.res_attention.skip),
+        "alpha_mlp": lambda: float(spec.res_mlp.skip),
+        "depth": lambda: spec.layers,
+        "seq_len": lambda: spec.seq_len,
+    }[name]()
+
+
+def default_range(spec, name: str) -> tuple[float, float]:
+    return {
+        "beta": lambda: (0.01, 3.0 * beta_c_input(spec)),
+        "alpha_sa": lambda: (0.0, 3.0),
+        "alpha_mlp": lambda: (0.0, 3.0),
+        "depth": lambda: (1, 2 * spec.layers),
+        "seq_len": lambda: (16, 8192),
+    }[name]()
+
+
+def axis_values(spec, name: str, n: int, rng=None, option: str = "--x") -> np.ndarray:
+    """n values of an axis over rng (default: the axis's default range), validated."""
+    ax = AXES[name]
+    lo, hi = default_range(spec, name) if rng is None else (float(rng[0]), float(rng[1]))
+    where = f"{option}-range"
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise _err(f"{name} range must be finite, got [{lo}, {hi}]", where)
+    if not lo < hi:
+        raise _err(f"{name} range needs A < B, got [{lo:g}, {hi:g}]", where)
+    if lo < ax.minimum or (ax.strict and lo <= ax.minimum):
+        raise _err(f"{name} must be {'>' if ax.strict else '>='} {ax.minimum:g}, got {lo:g}", where)
+    v = np.geomspace(lo, hi, n) if ax.scale == "log" else np.linspace(lo, hi, n)
+    if ax.integer:
+        v = np.unique(np.round(v).astype(int))
+        if v.size < 2:
+            raise _err(f"{name} range [{lo:g}, {hi:g}] holds fewer than 2 integers", where)
+    return v
+
+
+# ---------------------------------------------------------------------------------------------
+# The vectorised sweep
+
+
+def _overrides(spec, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """BlockParams fields for flat arrays of axis values (depth excluded: it is the number of blocks)."""
+    out: dict[str, np.ndarray] = {}
+    if "beta" in values:
+        out["beta"] = np.asarray(values["beta"], dtype=float)
+    if "alpha_sa" in values:
+        out["skip_a"] = np.asarray(values["alpha_sa"], dtype=float)
+    if "alpha_mlp" in values:
+        out["skip_m"] = np.asarray(values["alpha_mlp"], dtype=float)
+    if "seq_len" in values:
+        out["seq_len"] = np.asarray(values["seq_len"], dtype=float)
+    bq = spec.init["q"].bias_std
+    if bq and ("beta" in values or "seq_len" in values):
+        # init.qk_beta sets the Q std to s, s^2 = beta sqrt(ln T) / (d scale sqrt(d_head)): the query-bias
+        # share b_Q^2 / (s^2 d) follows it
+        beta = out.get("beta", float(block_params(spec).beta))
+        lnt = np.log(out.get("seq_len", float(spec.seq_len)))
+        out["q_bias"] = bq**2 * spec.softmax_scale * math.sqrt(spec.d_head) / (beta * np.sqrt(lnt))
+    return out
+
+
+def sweep(spec, over: dict[str, np.ndarray], layers: int, per_layer: bool = False) -> dict[str, np.ndarray]:
+    """Stream flat arrays of BlockParams overrides through `layers` identical blocks.
+
+    Returns max_rho (over layers 0..L), max_beta_ratio (over blocks 1..L) and final_rho, each of shape (n,);
+    with per_layer, their prefixes: cum_rho (L+1, n) = max rho over layers 0..l, cum_ratio (L, n) = max
+    beta/beta_c over blocks 1..l+1, and rho (L+1, n).
+    """
+    P0 = block_params(spec)
+    q0, p0 = input_moments(spec)
+    n = len(next(iter(over.values()))) if over else 1
+    step = CHUNK if spec.activation in CLOSED_FORM else QUAD_CHUNK
+    res = {k: np.empty(n) for k in ("max_rho", "max_beta_ratio", "final_rho")}
+    if per_layer:
+        res.update(cum_rho=np.empty((layers + 1, n)), cum_ratio=np.empty((layers, n)), rho=np.empty((layers + 1, n)))
+    for s in range(0, n, step):
+        idx = np.arange(s, min(s + step, n))
+        fields = {k: v[idx] for k, v in over.items()}
+        _run_chunk(P0 if not fields else replace(P0, **fields), q0, p0, layers, idx, res, per_layer)
+    return res
+
+
+def _run_chunk(P, q0, p0, layers, idx, res, per_layer) -> None:
+    m = idx.size
+    q, p = np.full(m, float(q0)), np.full(m, float(p0))
+    rho = p / q
+    mx_rho, mx_ratio = rho.copy(), np.full(m, -np.inf)
+    if per_layer:
+        res["cum_rho"][0, idx] = mx_rho
+        res["rho"][0, idx] = rho
+    for layer in range(layers):
+        q, p, cache = block_forward(q, p, P)
+        rho = p / q
+        np.fmax(mx_rho, rho, out=mx_rho)
+        np.fmax(mx_ratio, np.divide(P.beta, cache["att"].beta_c), out=mx_ratio)
+        if per_layer:
+            res["cum_rho"][layer + 1, idx] = mx_rho
+            res["cum_ratio"][layer, idx] = mx_ratio
+            res["rho"][layer + 1, idx] = rho
+    res["max_rho"][idx], res["max_beta_ratio"][idx], res["final_rho"][idx] = mx_rho, mx_ratio, rho
+
+
+def classify(max_rho, max_beta_ratio, rank_collapse_rho: float) -> np.ndarray:
+    """Phase codes (indices into PHASES): entropy collapse wins over rank collapse."""
+    return np.where(np.asarray(max_beta_ratio) >= 1.0, 2, np.where(np.asarray(max_rho) >= rank_collapse_rho, 1, 0))
+
+
+# ---------------------------------------------------------------------------------------------
+# Recommended region (the numbers of `initadvisor recommend`)
+
+
+def alpha_c(spec, rho_max: float, field: str = "skip_a", beta: float | None = None,
+            ceiling: float = 16.0, tol: float = 1e-7) -> float | None:
+    """Smallest skip strength with rho < rho_max at every layer (recommend.alpha_c), by vectorised grid
+    refinement instead of brentq: three or four engine passes of 65 points each."""
+    base = {} if beta is None else {"beta": np.full(1, beta)}
+
+    def ok(a: np.ndarray) -> np.ndarray:
+        over = {field: a, **{k: np.broadcast_to(v, a.shape) for k, v in base.items()}}
+        return sweep(spec, over, spec.layers)["max_rho"] < rho_max
+
+    grid = np.linspace(0.0, ceiling, 321)
+    good = ok(grid)
+    if not good.any():
+        return None
+    i = int(np.argmax(good))
+    if i == 0:
+        return 0.0
+    lo, hi = grid[i - 1], grid[i]
+    while hi - lo > tol:
+        g = np.linspace(lo, hi, 65)
+        k = int(np.argmax(ok(g)))  # g[-1] = hi is good
+        lo, hi = g[k - 1], g[k]
+    return float(hi)
+
+
+def recommended_region(spec, axes: tuple[str, str]) -> dict:
+    """beta < beta_c/2 and alpha >= alpha_c, with `recommend`'s beta_c (at its recommended beta)."""
+    from initadvisor.recommend import BETA_MARGIN, beta_recommendation
+
+    thr = spec.thresholds["rank_collapse_rho"]
+    beta_rec, bc = beta_recommendation(spec)
+    out = {"rule": "beta < beta_c/2 and alpha_sa >= alpha_c", "beta_max": _r(bc.min() / 2),
+           "beta_recommended": _r(beta_rec), "beta_margin": BETA_MARGIN, "rho_max": thr,
+           "alpha_sa_min": _r_or_none(alpha_c(spec, thr, "skip_a", beta=beta_rec))}
+    if "alpha_mlp" in axes:
+        out["alpha_mlp_min"] = _r_or_none(alpha_c(spec, thr, "skip_m"))
+        out["rule"] += " (alpha_mlp >= alpha_c,MLP)"
+    return out
+
+
+def _r(x) -> float:
+    return float(f"{float(x):.6g}")
+
+
+def _r_or_none(x):
+    return None if x is None else _r(x)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def diagram(spec, x: str = "beta", y: str = "alpha_sa", grid: int = 64, x_range=None, y_range=None) -> dict:
+    """The `initadvisor.diagram/1` result: phase[j][i] at (x.values[i], y.values[j])."""
+    for name, opt in ((x, "--x"), (y, "--y")):
+        if name not in AXES:
+            raise _err(f"unknown axis {name!r}; choose from {', '.join(AXES)}", opt)
+    if x == y:
+        raise _err(f"x and y are both {x!r}", "--y")
+    if not isinstance(grid, (int, np.integer)) or not 2 <= grid <= MAX_GRID:
+        raise _err(f"must be an integer in [2, {MAX_GRID}], got {grid}", "--grid")
+    xs = axis_values(spec, x, grid, x_range, "--x")
+    ys = axis_values(spec, y, grid, y_range, "--y")
+    ny, nx = ys.size, xs.size
+    if "depth" in (x, y):
+        other, ov, dv = (y, ys, xs) if x == "depth" else (x, xs, ys)
+        r = sweep(spec, _overrides(spec, {other: ov}), int(dv.max()), per_layer=True)
+        mr, mb, fr = r["cum_rho"][dv], r["cum_ratio"][dv - 1], r["rho"][dv]  # (n_depth, n_other)
+        if x == "depth":
+            mr, mb, fr = mr.T, mb.T, fr.T  # rows = y = other
+    else:
+        Y, X = np.meshgrid(ys, xs, indexing="ij")
+        r = sweep(spec, _overrides(spec, {x: X.ravel(), y: Y.ravel()}), spec.layers)
+        mr, mb, fr = (r[k].reshape(ny, nx) for k in ("max_rho", "max_beta_ratio", "final_rho"))
+    thr = spec.thresholds["rank_collapse_rho"]
+    codes = classify(mr, mb, thr)
+    names = np.array(PHASES)[codes]
+    return {
+        "schema": SCHEMA,
+        "x": _axis_json(x, xs),
+        "y": _axis_json(y, ys),
+        "phase": names.tolist(),
+        "spec_name": spec.name,
+        "layers": spec.layers,
+        "spec_point": {"x": _num(spec_value(spec, x)), "y": _num(spec_value(spec, y))},
+        "rule": "entropy_collapse if max_l beta/beta_c >= 1 (IA201), else rank_collapse if max_l rho >= "
+                f"{thr:g} (IA101), else trainable",
+        "thresholds": {"rank_collapse_rho": thr, "beta_ratio": 1.0},
+        "beta_c_input": _r(beta_c_input(spec)),
+        "recommended": recommended_region(spec, (x, y)),
+        "counts": {p: int((codes == i).sum()) for i, p in enumerate(PHASES)},
+        "max_rho": _grid_json(mr),
+        "final_rho": _grid_json(fr),
+        "max_beta_ratio": _grid_json(mb),
+    }
+
+
+def _num(v):
+    return int(v) if isinstance(v, (int, np.integer)) else _r(v)
+
+
+def _axis_json(name: str, v: np.ndarray) -> dict:
+    ax = AXES[name]
+    vals = [int(a) for a in v] if ax.integer else [_r(a) for a in v]
+    return {"name": name, "values": vals, "scale": ax.scale, "label": ax.label}
+
+
+def _grid_json(a: np.ndarray) -> list:
+    a = np.round(np.asarray(a, dtype=float), 6)
+    if np.isfinite(a).all():
+        return a.tolist()
+    return [[float(v) if math.isfinite(v) else None for v in row] for row in a.tolist()]
+
+
+# ---------------------------------------------------------------------------------------------
+# Terminal rendering (rich)
+
+COLORS = {"trainable": "#3b7dd8", "rank_collapse": "#f2c12e", "entropy_collapse": "#d64541"}  # shared with plots
+NAMES = {"trainable": "trainable", "rank_collapse": "rank collapse", "entropy_collapse": "entropy collapse"}
+_CORNER = {("R", "D"): "┘", ("R", "U"): "┐", ("L", "D"): "└", ("L", "U"): "┌"}
+
+
+def _edge_glyph(mask: np.ndarray, r: int, c: int) -> str:
+    """Boundary glyph of a region cell (row r counts upwards); the plot's own edges are not boundaries."""
+    h, w = mask.shape
+
+    def out(rr: int, cc: int) -> bool:
+        return 0 <= rr < h and 0 <= cc < w and not mask[rr, cc]
+
+    right, left, up, down = out(r, c + 1), out(r, c - 1), out(r + 1, c), out(r - 1, c)
+    side = "R" if right else "L" if left else None
+    vert = "U" if up else "D" if down else None
+    if side and vert:
+        return _CORNER[(side, vert)]
+    return "│" if side else "─" if vert else " "
+
+
+def _sample(n_src: int, n_dst: int) -> np.ndarray:
+    return np.unique(np.round(np.linspace(0, n_src - 1, n_dst)).astype(int)) if n_dst < n_src else np.arange(n_src)
+
+
+def _fmt(v) -> str:
+    return f"{v:d}" if isinstance(v, int) else f"{v:.3g}"
+
+
+def _region_mask(result: dict, xs: list, ys: list) -> np.ndarray | None:
+    """Recommended region on the rendered grid, or None when neither axis carries one of its limits."""
+    rec = result.get("recommended") or {}
+    limits = []  # (axis index 0 = x / 1 = y, value, side)
+    for k, name in enumerate((result["x"]["name"], result["y"]["name"])):
+        if name == "beta" and rec.get("beta_max") is not None:
+            limits.append((k, rec["beta_max"], "below"))
+        if name in ("alpha_sa", "alpha_mlp") and rec.get(f"{name}_min") is not None:
+            limits.append((k, rec[f"{name}_min"], "above"))
+    if not limits:
+        return None
+    X, Y = np.meshgrid(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float))
+    mask = np.ones(X.shape, dtype=bool)
+    for k, v, side in limits:
+        A = X if k == 0 else Y
+        mask &= (A < v) if side == "below" else (A >= v)
+    return mask
+
+
+def render_diagram(result: dict, console, max_width: int | None = None, max_height: int = 32) -> None:
+    """A coloured character grid: one cell per (sampled) grid point, y upwards, with the spec's point (●),
+    the recommended region's boundary and a legend."""
+    from rich.text import Text
+
+    xa, ya = result["x"], result["y"]
+    phase = result["phase"]
+    ny, nx = len(ya["values"]), len(xa["values"])
+    ylabels = [_fmt(v) for v in ya["values"]]
+    lw = max(len(s) for s in ylabels)
+    width = (max_width or console.width) - lw - 3 - len(xa["name"]) - 3
+    ix = _sample(nx, max(8, min(width, 96)))
+    iy = _sample(ny, max(6, min(max_height, len(ix) // 2 + 1)))
+    xs = [xa["values"][i] for i in ix]
+    ys = [ya["values"][j] for j in iy]
+    mask = _region_mask(result, xs, ys)
+    sp = result.get("spec_point") or {}
+    px = py = None
+    if sp and xs[0] <= sp["x"] <= xs[-1] and ys[0] <= sp["y"] <= ys[-1]:
+        px = int(np.argmin(np.abs(_scaled(xs, xa["scale"]) - _scaled([sp["x"]], xa["scale"])[0])))
+        py = int(np.argmin(np.abs(_scaled(ys, ya["scale"]) - _scaled([sp["y"]], ya["scale"])[0])))
+    title = (f"[bold]trainability diagram[/]  {result.get('spec_name', '')}  ({result.get('layers', '?')} layers): "
+             f"{xa['name']} x {ya['name']}, {nx} x {ny} points")
+    console.print(title)
+    console.print(f"{'':>{lw}} [bold]{ya['name']}[/]  [dim]({ya['label']}, {ya['scale']})[/]")
+    label_rows = {len(iy) - 1, 0, (len(iy) - 1) // 2}
+    for r in range(len(iy) - 1, -1, -1):
+        j = iy[r]
+        line = Text(f"{ylabels[j] if r in label_rows else '':>{lw}} ┤ " if r in label_rows else f"{'':>{lw}} │ ")
+        for c, i in enumerate(ix):
+            ph = phase[j][i]
+            ch, fg = " ", "black"
+            if mask is not None and mask[r, c]:
+                ch = _edge_glyph(mask, r, c)
+                fg = "bold white"
+            if r == py and c == px:
+                ch, fg = "●", "bold white"
+            line.append(ch, style=f"{fg} on {COLORS[ph]}")
+        console.print(line)
+    axis = f"{'':>{lw}} └─" + "─" * len(ix)
+    console.print(axis)
+    left, mid, right = _fmt(xs[0]), _fmt(xs[len(xs) // 2]), _fmt(xs[-1])
+    n = len(ix)
+    ticks = [" "] * (n + 12)
+    for pos, s in ((0, left), (n // 2 - len(mid) // 2, mid), (n - len(right), right)):
+        ticks[pos:pos + len(s)] = list(s)
+    console.print(f"{'':>{lw}}   " + "".join(ticks).rstrip() + f"   [bold]{xa['name']}[/]")
+    console.print(f"{'':>{lw}}   [dim]x: {xa['label']}, {xa['scale']}[/]")
+    legend = Text("  ")
+    counts = result.get("counts", {})
+    total = max(1, nx * ny)
+    for ph in PHASES:
+        legend.append("  ", style=f"on {COLORS[ph]}")
+        legend.append(f" {NAMES[ph]} {100 * counts.get(ph, 0) / total:.0f}%   ")
+    console.print(legend)
+    if sp:
+        where = "" if px is not None else "  [dim](outside the plotted ranges)[/]"
+        console.print(f"  ● the spec: {xa['name']} = {_fmt(sp['x'])}, {ya['name']} = {_fmt(sp['y'])}{where}")
+    rec = result.get("recommended")
+    if rec:
+        parts = [f"beta < beta_c/2 = {rec['beta_max']:.3g}"]
+        if rec.get("alpha_sa_min") is not None:
+            parts.append(f"alpha_sa >= alpha_c = {rec['alpha_sa_min']:.3g}")
+        if rec.get("alpha_mlp_min") is not None:
+            parts.append(f"alpha_mlp >= {rec['alpha_mlp_min']:.3g}")
+        drawn = "outlined" if mask is not None and mask.any() else "not on these axes"
+        console.print(f"  recommended region ({drawn}): " + " and ".join(parts)
+                      + f"  [dim](rho < {rec['rho_max']:g}; `initadvisor recommend`)[/]")
+
+
+def _scaled(v, scale: str) -> np.ndarray:
+    a = np.asarray(v, dtype=float)
+    return np.log(a) if scale == "log" else a
