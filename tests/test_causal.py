@@ -23,7 +23,7 @@ TOL_THIRD = 0.045  # absolute, per layer and per third (MC se up to ~0.01 per th
 
 
 def causal_spec(norm="pre", act="gelu", beta=0.1, T=64, L=8, d=256, g_vo=1.0, rho0=0.0,
-                emb=("token",), std=None, vocab=1000):
+                emb=("token",), std=None, vocab=1000, d_ff=512):
     init = {"std": std if std is not None else 1 / math.sqrt(d), "embedding": {"std": 1.0}}
     if beta is not None:
         init["qk_beta"] = beta
@@ -34,7 +34,7 @@ def causal_spec(norm="pre", act="gelu", beta=0.1, T=64, L=8, d=256, g_vo=1.0, rh
     if rho0 is not None:
         seq["input_correlation"] = rho0
     return build_spec({
-        "model": {"layers": L, "d_model": d, "heads": 4, "d_ff": 512, "norm": norm, "causal": True,
+        "model": {"layers": L, "d_model": d, "heads": 4, "d_ff": d_ff, "norm": norm, "causal": True,
                   "activation": act},
         "sequence": seq, "init": init,
     })
@@ -72,25 +72,59 @@ def _errors(mc, res, single):
     return {k: (mae(single, m), mae(r, m), float(np.max(np.abs(r - m)[1:]))) for k, (m, r) in rows.items()}
 
 
+# Late third, resolved vs single pair, per model: "better" = asserted strictly better; "noise" = the two differ by
+# less than the MC can resolve at d = 256, asserted within 2 MC standard errors + 0.002 (see the test's docstring).
+LATE = {
+    "post-LN ReLU beta=0.1 rho0=0": "noise",
+    "post-LN GeLU beta=0.8 rho0=0.1": "noise",
+    "pre-LN GeLU beta=0.1 token+position": "noise",
+    "pre-LN ReLU beta=0.5 rho0=0.1": "better",
+    "pre-LN GeLU beta=0.1 T=96 L=6 rho0=0": "better",
+}
+
+
 def test_resolved_beats_single_pair(results):
-    lines = [f"{'model':40s} " + "  ".join(f"{k:>19s}" for k in ("early", "middle", "late", "mean"))]
+    """All positions and the early third: the resolved prediction is strictly better on every model.
+
+    Late third (001 C.6 built the single pair for late tokens; the two predictions differ there by 0.002-0.015):
+    strictly better on the models marked "better" in LATE. On "post-LN ReLU beta=0.1" the single pair is closer
+    to the d = 256 MC, but only by luck: the MC there is below its large-d limit by a finite-d bias (late rho of
+    layer 2: 0.622 at d = 256, 0.640 at d = 512, 0.644 at d = 1024; resolved 0.641, single 0.615), and at d = 512
+    the resolved prediction wins clearly (test_late_third_finite_d). On "pre-LN GeLU token+position" the two
+    differ by less than 2 MC standard errors. For the "noise" models the assertion is the honest one:
+    resolved late-third error <= single-pair error + 2 x (mean MC standard error of late rho) + 0.002."""
+    lines = [f"{'model':40s} " + "  ".join(f"{k:>19s}" for k in ("early", "middle", "late", "mean")) + "   late MC se"]
     for name, (spec, mc, res, single) in results.items():
         e = _errors(mc, res, single)
+        se = float(np.mean(mc.rho_thirds_se[1:, 2]))
         lines.append(f"{name:40s} " + "  ".join(f"{e[k][0]:.4f} -> {e[k][1]:.4f}   " for k in
-                                                 ("early", "middle", "late", "mean")))
+                                                 ("early", "middle", "late", "mean")) + f"   {se:.4f}")
     print("\nrho MAE over layers, single-pair -> position-resolved\n" + "\n".join(lines))
     for name, (spec, mc, res, single) in results.items():
         e = _errors(mc, res, single)
         assert e["mean"][1] < e["mean"][0], (name, e)
         assert e["early"][1] < e["early"][0], (name, e)
-        # Late third: 001 C.6 built the single pair for late tokens, so the two predictions differ there by
-        # little (mean |resolved - single| over layers ~ 0.005 here, comparable to finite-d / MC effects).
-        # Measured: resolved strictly better on 2 of 5 models, tied on 1, worse on 2 (see the report);
-        # asserted: never worse than the single pair by more than 0.01.
-        sep = float(np.mean(np.abs(res.rho_thirds[1:, 2] - single[1:])))
         se = float(np.mean(mc.rho_thirds_se[1:, 2]))
-        assert e["late"][1] < e["late"][0] + 0.01, (name, e, sep, se)
-        print(f"{name}: late |resolved - single| {sep:.4f}, MC se {se:.4f}")
+        if LATE[name] == "better":
+            assert e["late"][1] < e["late"][0], (name, e, se)
+        else:
+            assert e["late"][1] <= e["late"][0] + 2 * se + 0.002, (name, e, se)
+
+
+def test_late_third_finite_d():
+    """post-LN ReLU beta=0.1 at d = 512 (d_ff = 2d: the same infinite-width model as d = 256): the finite-d bias
+    of the d = 256 MC shrinks and the resolved late third beats the single pair (measured with 20 seeds: 0.0006
+    against 0.0047, MC se 0.0008; at d = 1024: 0.0007 against 0.0058)."""
+    kw = dict(MODELS["post-LN ReLU beta=0.1 rho0=0"])
+    spec = causal_spec(d=512, d_ff=1024, **kw)
+    mc = simulate(spec, seeds=16, batch=4, rng_seed=1, weight_grads=False)
+    res = propagate_causal(spec)
+    single = run_spec(spec).rho
+    e_res = float(np.mean(np.abs(res.rho_thirds[1:, 2] - mc.rho_thirds[1:, 2])))
+    e_single = float(np.mean(np.abs(single[1:] - mc.rho_thirds[1:, 2])))
+    se = float(np.mean(mc.rho_thirds_se[1:, 2]))
+    print(f"\nd=512 late third: single {e_single:.4f} resolved {e_res:.4f} MC se {se:.4f}")
+    assert e_res < e_single, (e_res, e_single, se)
 
 
 def test_resolved_within_tolerance_per_layer(results):
@@ -165,9 +199,12 @@ def test_pair_kernel_unequal_variances(act):
     Z1, Z2 = np.meshgrid(z, z, indexing="ij")
     W = np.outer(w, w)
     u, v = L[0, 0] * Z1, L[1, 0] * Z1 + L[1, 1] * Z2
-    f = (lambda x: np.maximum(x, 0)) if act == "relu" else kernels.PHI[act][0]
+    f = {"relu": lambda x: np.maximum(x, 0),
+         "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))}.get(act)
+    f = f or kernels.PHI[act][0]
     K = pair_kernel(act, np.array([[a, c], [c, b]]))
-    tol = 2e-4 if act == "relu" else 1e-7  # the kink limits the quadrature reference for relu
+    # the kink limits the quadrature reference for relu; tanh-GeLU is computed by GeLU's closed form (kernels.py)
+    tol = {"relu": 2e-4, "gelu_tanh": 2e-3}.get(act, 1e-7)
     assert abs(K[0, 1] - (f(u) * f(v) * W).sum()) < tol
     assert abs(K[0, 0] - (f(u) ** 2 * W).sum()) < tol
     assert abs(K[1, 1] - (f(v) ** 2 * W).sum()) < tol
@@ -193,3 +230,119 @@ def test_late_tokens_match_single_pair_for_long_sequences():
     single = run_spec(spec).rho
     assert np.max(np.abs(res.rho_thirds[:, 2] - single)) < 0.01
     assert res.q.shape == (13, 2048)
+
+
+# ------------------------------------------------------------------------------------------------
+# The reduced (position-group) form against the full T x T overlap matrix
+
+
+def _ref_attention(C, P, lnT):
+    """The full-matrix causal attention of the first version (O(T^2) per layer), kept as the reference."""
+    from initadvisor.core import attention as att
+    from initadvisor.core.causal import rem_rows
+
+    T = C.shape[0]
+    m = np.arange(1, T + 1, dtype=float)
+    S = np.cumsum(np.cumsum(C, axis=0), axis=1)
+    tr = np.cumsum(np.diag(C))
+    qbar = tr / m
+    pbar = np.where(m > 1, (np.diag(S) - tr) / (m * np.maximum(m - 1, 1)), qbar)
+    qb = float(P.q_bias)
+    qq = np.diag(C) + qb
+    y2, v = rem_rows(P.beta, att.beta_c(qbar, pbar, qq), lnT)
+    i = np.arange(T)
+    lo, hi = np.minimum.outer(i, i), np.maximum.outer(i, i)
+    rho_q = (C + qb) / np.sqrt(np.multiply.outer(qq, qq))
+    yp = np.minimum(np.exp(rho_q * np.sqrt(np.multiply.outer(v, v))) / (hi + 1.0), np.sqrt(np.multiply.outer(y2, y2)))
+    g_v, b_v2, keep = float(P.g_v), float(P.b_v2), 1.0 - float(P.attn_dropout)
+    gap_v = g_v * np.maximum(qbar - pbar, 0.0)
+    out = (yp - 1.0 / (hi + 1.0)) * gap_v[lo]
+    diag = (y2 - 1.0 / m) * gap_v + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
+    if not P.centered:
+        out += g_v * S / np.multiply.outer(m, m) + b_v2
+        diag += g_v * np.diag(S) / (m * m) + b_v2
+    np.fill_diagonal(out, diag)
+    out = float(P.g_o) * out + float(P.b_o2)
+    out[np.diag_indices(T)] /= 1.0 - float(P.dropout)
+    return out
+
+
+def _ref_propagate(blocks, q0, p0, T):
+    """Full T x T propagation (reference): rho over all positions and per third, per layer."""
+    from initadvisor.core.causal import summarize
+
+    def norm(C):
+        s = 1.0 / np.sqrt(np.diag(C))
+        return C * np.multiply.outer(s, s)
+
+    def drop(C, rate):
+        C = C.copy()
+        C[np.diag_indices(T)] /= 1.0 - float(rate)
+        return C
+
+    def mlp(C, P):
+        C1 = float(P.g_1) * C + float(P.b_12)
+        K = pair_kernel(P.activation, C1)
+        if P.activation in ("swiglu", "geglu"):
+            K *= C1
+        return drop(float(P.g_2) * K + float(P.b_22), P.dropout)
+
+    C = np.full((T, T), float(p0))
+    np.fill_diagonal(C, float(q0))
+    rows = [summarize(C)[:2]]
+    for P in blocks:
+        lnT = math.log(P.seq_len)
+        pre, post = P.norm == "pre", P.norm == "post"
+        A = _ref_attention(norm(C) if pre else C, P, lnT)
+        C = float(P.skip_a) ** 2 * C + float(P.block_a) ** 2 * A
+        C = norm(C) if post else C
+        C = float(P.skip_m) ** 2 * C + float(P.block_m) ** 2 * mlp(norm(C) if pre else C, P)
+        C = norm(C) if post else C
+        rows.append(summarize(C)[:2])
+    return np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
+
+
+REDUCED_CASES = {
+    **{name: (kw, (8, 1.1)) for name, kw in MODELS.items()},  # T = 64, 96 on a deliberately coarse grid
+    "post-LN ReLU beta=0.3 T=768": (dict(norm="post", act="relu", beta=0.3, g_vo=1.0, rho0=0.1, T=768, L=4), None),
+    "pre-LN GeLU beta=0.1 T=768": (dict(norm="pre", act="gelu", beta=0.1, g_vo=2.0, rho0=0.0, T=768, L=4), None),
+    "pre-LN tanh beta=1.5 T=512": (dict(norm="pre", act="tanh", beta=1.5, g_vo=2.0, rho0=0.1, T=512, L=3), None),
+}
+
+
+@pytest.mark.parametrize("name", list(REDUCED_CASES))
+def test_reduced_form_matches_full_matrix(name):
+    """Position groups (default grid, or a coarse one) against the full T x T matrix: rho within 0.002 (measured:
+    below 1e-4); with every position its own group the two are the same computation (1e-12)."""
+    kw, grid = REDUCED_CASES[name]
+    spec = causal_spec(**kw)
+    P = block_params(spec)
+    from initadvisor.core.model import input_moments
+
+    q0, p0 = input_moments(spec)
+    blocks, T = [P] * spec.layers, spec.seq_len
+    rho_ref, r3_ref = _ref_propagate(blocks, q0, p0, T)
+    extra = {} if grid is None else dict(single=grid[0], ratio=grid[1])
+    red = propagate_overlaps(blocks, q0, p0, T, **extra)
+    assert np.max(np.abs(red.rho_mean - rho_ref)) < 0.002, (red.rho_mean, rho_ref)
+    assert np.max(np.abs(red.rho_thirds - r3_ref)) < 0.002, (red.rho_thirds, r3_ref)
+    full = propagate_overlaps(blocks, q0, p0, T, single=T)
+    np.testing.assert_allclose(full.rho_mean, rho_ref, atol=1e-12)
+    np.testing.assert_allclose(full.rho_thirds, r3_ref, atol=1e-12)
+    assert red.q.shape == (spec.layers + 1, T) and red.y2.shape == (spec.layers, T)
+
+
+def test_reduced_form_is_fast():
+    """`initadvisor check` stays interactive: T = 1024, 12 layers well under 0.1 s; T = 2048, 96 layers under 1 s
+    (best of 3, generous against shared CPUs; measured ~0.01-0.03 s and ~0.25 s)."""
+    import time
+
+    for (T, L, limit) in ((1024, 12, 0.1), (2048, 96, 1.0)):
+        spec = causal_spec(norm="pre", act="gelu", beta=0.5, T=T, L=L, g_vo=1.0, rho0=0.1)
+        best = math.inf
+        for _ in range(3):
+            t0 = time.perf_counter()
+            tr = propagate_causal(spec)
+            best = min(best, time.perf_counter() - t0)
+        assert tr.q.shape == (L + 1, T) and np.all(np.isfinite(tr.rho_thirds))
+        assert best < limit, (T, L, best)

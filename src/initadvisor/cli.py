@@ -27,6 +27,15 @@ class CheckFormat(str, Enum):
     json = "json"
 
 
+class GateFormat(str, Enum):
+    table = "table"
+    json = "json"
+    sarif = "sarif"
+    github = "github"
+    junit = "junit"
+    markdown = "markdown"
+
+
 class FailOn(str, Enum):
     error = "error"
     warning = "warning"
@@ -87,7 +96,8 @@ def codes(text: str | None) -> tuple[str, ...] | None:
 @app.command()
 def check(
     specs: list[Path] = typer.Argument(..., help="YAML model specs (or HuggingFace config.json files)."),
-    format: CheckFormat = typer.Option(CheckFormat.table, "--format", help="Output format."),
+    format: GateFormat = typer.Option(GateFormat.table, "--format",
+                                      help="table, json, sarif, github (annotations), junit or markdown."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Override sequence.length."),
     input_correlation: Optional[float] = typer.Option(None, "--input-correlation",
                                                       help="Override sequence.input_correlation."),
@@ -109,34 +119,45 @@ def check(
         s, notes = load(path, seq_len, input_correlation, dropout, project)
         report = run_check(s, gate, chosen, ignored)
         report["notes"] = notes
-        reports.append((path, report))
+        reports.append((str(path), report, s))
     if plot is not None:
         from initadvisor.plots import save_profiles
 
         save_profiles(reports[0][1], plot)
-    failed = any(r["verdict"] == "fail" for _, r in reports)
+    failed = any(r["verdict"] == "fail" for _, r, _ in reports)
     emit_check(reports, format, gate)
     raise typer.Exit(1 if failed else 0)
 
 
-def emit_check(reports: list, format: "CheckFormat", gate: str) -> None:
-    if format is CheckFormat.json:
+def emit_check(reports: list, format: "GateFormat", gate: str) -> None:
+    """reports: (path, report, spec) triples."""
+    from initadvisor import formats
+
+    if format is GateFormat.json:
         if len(reports) == 1:
             emit_json(reports[0][1])
         else:
             emit_json({"schema": "initadvisor.checks/1", "version": reports[0][1]["version"],
-                       "verdict": "fail" if any(r["verdict"] == "fail" for _, r in reports) else "pass",
-                       "reports": [r for _, r in reports]})
-        return
-    from rich.console import Console
+                       "verdict": "fail" if any(r["verdict"] == "fail" for _, r, _ in reports) else "pass",
+                       "reports": [r for _, r, _ in reports]})
+    elif format is GateFormat.sarif:
+        emit_json(formats.to_sarif(reports))
+    elif format is GateFormat.github:
+        sys.stdout.write(formats.to_github(reports))
+    elif format is GateFormat.junit:
+        sys.stdout.write(formats.to_junit(reports, gate))
+    elif format is GateFormat.markdown:
+        sys.stdout.write(formats.to_markdown(reports))
+    else:
+        from rich.console import Console
 
-    from initadvisor.report import render_check, render_summary
+        from initadvisor.report import render_check, render_summary
 
-    console = Console()
-    for _, report in reports:
-        render_check(report, console)
-    if len(reports) > 1:
-        render_summary(reports, console)
+        console = Console()
+        for _, report, _ in reports:
+            render_check(report, console)
+        if len(reports) > 1:
+            render_summary([(p, r) for p, r, _ in reports], console)
 
 
 class RecommendFormat(str, Enum):
@@ -307,34 +328,26 @@ def plot(
 
 @app.command()
 def rules() -> None:
-    """List every rule: code, severity, name and title."""
+    """List every rule: code, severity, name, title and threshold."""
     from rich.console import Console
     from rich.table import Table
 
-    from initadvisor.rules import RULES
+    from initadvisor.formats import RULES_COLUMNS, rules_table
 
     t = Table(show_edge=False, header_style="bold")
-    for col in ("code", "severity", "name", "title", "threshold"):
+    for col in RULES_COLUMNS:
         t.add_column(col)
-    for r in RULES.values():
-        t.add_row(r.code, r.severity, r.name, r.title, r.threshold)
+    for row in rules_table():
+        t.add_row(*row)
     Console().print(t)
 
 
 @app.command()
-def explain(code: str = typer.Argument(..., help="A rule code, e.g. IA101.")) -> None:
+def explain(code: str = typer.Argument(..., help="A rule code (IA101) or name (rank-collapse).")) -> None:
     """Print one rule: what it means, the formula and paper, the threshold and how to fix it."""
-    from initadvisor.rules import RULES
+    from initadvisor.formats import rule_text
 
-    r = RULES.get(code.upper())
-    if r is None:
-        import difflib
-
-        close = difflib.get_close_matches(code.upper(), list(RULES), n=1)
-        raise SpecError("unknown rule code" + (f" (did you mean '{close[0]}'?)" if close else ""), "command line",
-                        None, code)
-    sys.stdout.write(f"{r.code} {r.name} ({r.severity}): {r.title}\n\n{r.meaning}\n\nformula:   {r.formula}\n"
-                     f"source:    {r.source}\nthreshold: {r.threshold}\nfix:       {r.fix}\n")
+    sys.stdout.write(rule_text(code))
 
 
 @app.command("import")

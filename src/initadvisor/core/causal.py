@@ -14,8 +14,8 @@ pushed through the same components as the engine (components.py / blocks.py), ea
 * LayerNorm / RMSNorm per position: C[m, n] / sqrt(q_m q_n);
 * linear: gain C + bias^2;  dropout: the diagonal / (1 - rate);  residual: skip^2 C + block^2 F;
 * activations on Gaussian pairs with unequal variances (q_m, q_n, covariance p_mn): ReLU by the (homogeneous)
-  arc-cosine kernel, GeLU by the closed form derived below (it reduces to 004 A.5 for q_m = q_n), linear
-  exactly, the rest (tanh, SiLU, tanh-GeLU, the gates of SwiGLU / GeGLU) by a Mehler (Hermite) series whose
+  arc-cosine kernel, GeLU (and tanh-GeLU, as kernels.py) by the closed form derived below (it reduces to 004 A.5 for q_m = q_n), linear
+  exactly, the rest (tanh, SiLU, the gates of SwiGLU / GeGLU) by a Mehler (Hermite) series whose
   truncation tail is added back so the diagonal is exact;
 * causal softmax attention, row m attending to keys 1..m: a REM at m keys (001 Result 1 / eq. 12, B.3) with
   beta_c from row m's own key geometry (mean q and mean p over keys 1..m, query bias included), and the output
@@ -71,8 +71,9 @@ from initadvisor.core.components import BlockParams
 __all__ = ["CausalTrace", "propagate_causal", "propagate_overlaps", "pair_kernel", "thirds", "summarize",
            "rem_rows", "group_edges"]
 
-_SINGLE = 64  # positions 1.._SINGLE are their own group
-_RATIO = 1.03  # then each group ends at about _RATIO x the previous edge
+_GELU = ("gelu", "geglu", "gelu_tanh")  # tanh-GeLU by GeLU's closed form, as kernels.forward (< 0.1% apart)
+_SINGLE = 32  # positions 1.._SINGLE are their own group
+_RATIO = 1.05  # then each group ends at about _RATIO x the previous edge (K ~ 120 groups at T = 2048)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -269,7 +270,8 @@ def _hermite_basis(n: int, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _series_coeffs(f, a: np.ndarray, K: int = 40, n: int = 120) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(h (len(a), K+1), E f^2, truncation tail) with h_k(a) = E[f(sqrt(a) z) He_k(z)]/sqrt(k!)."""
     z, w, H = _hermite_basis(n, K)
-    fz = f(np.sqrt(a)[:, None] * z[None, :])
+    with np.errstate(over="ignore"):
+        fz = f(np.sqrt(a)[:, None] * z[None, :])
     h = (fz * w) @ H.T
     ef2 = (fz * fz) @ w
     return h, ef2, np.maximum(ef2 - (h * h).sum(1), 0.0)
@@ -279,6 +281,9 @@ def _series_pair(f, a: np.ndarray, C: np.ndarray, K: int = 40) -> np.ndarray:
     """E[f(u) f(v)] by Mehler's formula: sum_k h_k(a) h_k(b) r^k, plus the truncation tail
     sqrt(t_a t_b) r^(K+1) with t_a = E f^2 - sum_k h_k(a)^2 (a: the variances of rows and columns alike)."""
     h, ef2, tail = _series_coeffs(f, a, K)
+    big = np.nonzero(np.max(h * h, axis=0) > 1e-15 * max(float(np.max(ef2)), 1e-300))[0]
+    K = int(big[-1]) if len(big) else 0  # the tail term carries the (negligible) rest
+    tail = np.maximum(ef2 - (h[:, :K + 1] ** 2).sum(1), 0.0)
     s = np.sqrt(a)
     r = np.clip(C / np.multiply.outer(s, s), -1.0, 1.0)
     out = np.multiply.outer(h[:, K], h[:, K])
@@ -293,18 +298,19 @@ def _self_kernel(act: str, q: np.ndarray) -> np.ndarray:
     """E[phi(u)^2], u ~ N(0, q), per entry of q."""
     if act == "relu":
         return q / 2.0
-    if act in ("gelu", "geglu"):
+    if act in _GELU:
         return _gelu_pair(q, q, q)
     if act == "linear":
         return q.copy()
-    return _series_coeffs(kernels.PHI["silu" if act == "swiglu" else act][0], q)[1]
+    u, inv = np.unique(q, return_inverse=True)  # after a norm every position has the same q
+    return _series_coeffs(kernels.PHI["silu" if act == "swiglu" else act][0], u)[1][inv.reshape(q.shape)]
 
 
 def _cross_kernel(act: str, a: np.ndarray, C: np.ndarray) -> np.ndarray:
     """E[phi(u) phi(v)] for every entry of C: Var u = a[row], Var v = a[col], Cov = C (diagonal not special)."""
     if act == "relu":
         return _relu_pair(a[:, None], a[None, :], C)
-    if act in ("gelu", "geglu"):
+    if act in _GELU:
         return _gelu_pair(a[:, None], a[None, :], C)
     if act == "linear":
         return C.copy()
