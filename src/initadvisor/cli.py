@@ -241,7 +241,11 @@ def verify(
         from initadvisor.simulate import simulate
 
         m = simulate(s, seeds=seeds, batch=batch, dtype=np.float32, weight_grads=False)
-    rep = compare(s, run_spec(s), m, tol=tol, rtol=rtol)
+    from initadvisor.diagnose import causal_trace
+
+    ct = causal_trace(s)  # causal models: compare with the position-resolved averages over all tokens
+    resolved = None if ct is None else {"rho": ct.rho_mean, "q": ct.q.mean(axis=1), "ipr": ct.y2.mean(axis=1)}
+    rep = compare(s, run_spec(s), m, tol=tol, rtol=rtol, theory=resolved)
     rep["measurement"] = {"backend": backend.value, "seeds": seeds, "batch": batch,
                           "seconds": round(time.perf_counter() - t0, 2)}
     rep["notes"] = notes
@@ -366,5 +370,6 @@ def main() -> None:
     try:
         app()  # standalone: usage errors exit 2, typer.Exit carries the gate's code
     except SpecError as e:
-        sys.stderr.write(f"initadvisor: error: {e}\n")
+        text = " ".join(str(e).splitlines())  # one line, whatever a key or a YAML message carries
+        sys.stderr.write(f"initadvisor: error: {text.encode('utf-8', 'backslashreplace').decode('utf-8')}\n")
         sys.exit(2)

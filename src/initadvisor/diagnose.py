@@ -62,11 +62,43 @@ def growth(spec, trace: Trace) -> dict:
     return {"forward": G.forward_growth(trace.q), "gradient": G.gradient_growth(trace.grad_q, trace.q, spec.norm)}
 
 
-def diagnose(spec, trace: Trace) -> list[Finding]:
-    """Findings for one spec; `layer` is the stream index (0 = input, i = after block i)."""
+def causal_trace(spec):
+    """The position-resolved prediction for causal models (None otherwise)."""
+    if not spec.causal:
+        return None
+    from initadvisor.core.causal import propagate_causal
+
+    return propagate_causal(spec)
+
+
+def causal_summary(spec, ct) -> dict | None:
+    """Early/middle/late rho per layer and paper 003's per-position attention variance at block 1."""
+    if ct is None:
+        return None
+    T = spec.seq_len
+    pos = sorted({int(m) for m in np.unique(np.round(np.geomspace(1, T, 12)))})
+    out = {
+        "rho_mean": [_f(x) for x in ct.rho_mean],
+        "rho_early": [_f(x) for x in ct.rho_thirds[:, 0]],
+        "rho_middle": [_f(x) for x in ct.rho_thirds[:, 1]],
+        "rho_late": [_f(x) for x in ct.rho_thirds[:, 2]],
+        "attention_variance_layer1": {"position": pos,
+                                      "value": [_f(ct.attention_output_variance_layer1[m - 1]) for m in pos]},
+    }
+    if "position" not in spec.embeddings:
+        out["note"] = ("no position embeddings: position information lives only in the causal attention's "
+                       "variance, ~1/m at position m under uniform attention (Chi et al. 2023, Lemma 3)")
+    return out
+
+
+def diagnose(spec, trace: Trace, ct=None) -> list[Finding]:
+    """Findings for one spec; `layer` is the stream index (0 = input, i = after block i).
+
+    For causal models (ct: the position-resolved trace) collapse is judged on the late third of positions,
+    where it sets in first (001 C.6)."""
     th = spec.thresholds
     out: list[Finding] = []
-    rho = trace.rho
+    rho = trace.rho if ct is None else ct.rho_thirds[:, 2]
     hit = np.flatnonzero(rho >= th["rank_collapse_rho"])
     if hit.size:
         k = int(hit[0])
@@ -111,9 +143,11 @@ def diagnose(spec, trace: Trace) -> list[Finding]:
         out.append(finding("IA401", f"one attention layer's output has stable rank {w['stable_rank']:.3g} at "
                                     f"T = {w['seq_len']} against {w['stable_rank_centered']:.3g} with centered "
                                     f"attention (spectral gap sigma1/sigma2 = {w['gap_ratio']:.3g})", 1))
-    if spec.causal:
-        out.append(finding("IA901", "causal attention: (q, p) describe late tokens (001 C.6); early positions "
-                                    "are not resolved by this single-pair prediction"))
+    if ct is not None:
+        e, m, late = ct.rho_thirds[-1]
+        out.append(finding("IA901", f"causal attention, position-resolved: final rho {e:.3f} / {m:.3f} / "
+                                    f"{late:.3f} for early / middle / late tokens (mean {ct.rho_mean[-1]:.3f}); "
+                                    "attention phase and gradients from the late-token pair (001 C.6)"))
     return out
 
 
@@ -132,12 +166,17 @@ def _f(x) -> float:
     return float(f"{float(x):.6g}")
 
 
-def layer_rows(spec, trace: Trace) -> list[dict]:
+def layer_rows(spec, trace: Trace, ct=None) -> list[dict]:
+    """Per-layer rows; for causal models q, p, rho are the position-resolved averages over all tokens."""
     rows = []
     phases = phase(trace.beta, trace.beta_c)
     qk, ratio = qk_laws(spec, trace)
+    if ct is None:
+        q, rho = trace.q, trace.rho
+    else:
+        q, rho = ct.q.mean(axis=1), ct.rho_mean
     for i in range(trace.q.shape[0]):
-        row = {"index": i, "q": _f(trace.q[i]), "p": _f(trace.p[i]), "rho": _f(trace.rho[i]),
+        row = {"index": i, "q": _f(q[i]), "p": _f(rho[i] * q[i]), "rho": _f(rho[i]),
                "grad_q": _f(trace.grad_q[i]), "grad_p": _f(trace.grad_p[i])}
         if i > 0:
             b = i - 1
@@ -150,7 +189,8 @@ def layer_rows(spec, trace: Trace) -> list[dict]:
 def check(spec, fail_on: str = "error", chosen=None, ignored=None) -> dict:
     """Run the engine on a spec and build the `initadvisor.check/1` report (select/ignore: CLI, else spec)."""
     trace = run_spec(spec)
-    findings = select(diagnose(spec, trace), spec.select if chosen is None else chosen,
+    ct = causal_trace(spec)
+    findings = select(diagnose(spec, trace, ct), spec.select if chosen is None else chosen,
                       spec.ignore if ignored is None else ignored)
     return {
         "schema": "initadvisor.check/1",
@@ -160,7 +200,8 @@ def check(spec, fail_on: str = "error", chosen=None, ignored=None) -> dict:
         "findings": [asdict(f) for f in findings],
         "growth": _clean(growth(spec, trace)),
         "width": width(spec, trace),
-        "layers": layer_rows(spec, trace),
+        "causal": causal_summary(spec, ct),
+        "layers": layer_rows(spec, trace, ct),
     }
 
 

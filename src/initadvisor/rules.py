@@ -72,8 +72,11 @@ RULES: dict[str, Rule] = {r.code: r for r in [
          "stable rank ||A X||_F^2 / ||A X||_2^2 vs the centered (A - 11^T/T) X; collapsed below 10% of it",
          "Naderi, Nait Saada & Tanner 2025 (Mind the Gap), Thm. 1, 2, Prop. 3", "stable rank < 0.1 x centered",
          "Use centered (gain-controlled) attention, model.attention: centered; keep the attention skip."),
-    Rule("IA901", "causal-late-token", "info", "Causal model: late-token approximation",
-         "For causal attention the single (q, p) pair describes late tokens only; early tokens average over "
-         "few keys and follow other laws.", "late-token simplex approximation", "Giorlandino & Goldt 2025, C.6",
-         "causal: true", "None needed; read per-position results where available."),
+    Rule("IA901", "causal-positions", "info", "Causal model: position-resolved geometry",
+         "Token m of a causal model averages over m keys, so early tokens stay less correlated than late ones; "
+         "the tool propagates per-position overlaps, judges collapse on the late third of positions, and takes "
+         "the attention phase and gradients from the late-token (q, p) pair.",
+         "per-position overlaps through causal REM rows at m keys; attention-output variance ~ 1/m (003 Lemma 3)",
+         "Giorlandino & Goldt 2025, C.6; Chi et al. 2023, Lemma 3", "causal: true",
+         "None needed; read the `causal` object of the JSON report."),
 ]}

@@ -19,6 +19,9 @@ ATTENTIONS = ("softmax", "centered")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "tanh", "linear", "swiglu", "geglu")
 EMBEDDINGS = ("token", "position", "segment")
 MAX_NODES = 20_000  # YAML nodes visited at most: a spec is small, an alias bomb is not
+MAX_BYTES = 1 << 20  # a spec file is a few hundred bytes; refuse anything over 1 MiB before parsing it
+MAX_INT = {"model.layers": 100_000, "model.d_model": 1_000_000, "model.heads": 1_000_000,
+           "model.kv_heads": 1_000_000, "model.d_ff": 10_000_000, "sequence.length": 10_000_000}
 
 
 class SpecError(ValueError):
@@ -178,6 +181,8 @@ def load_spec(path: str | Path, project: dict[str, Any] | None = None) -> Spec:
     if path.is_dir():
         raise SpecError("is a directory, not a spec file", fname)
     try:
+        if path.stat().st_size > MAX_BYTES:
+            raise SpecError(f"file too large ({path.stat().st_size} bytes; a spec is at most {MAX_BYTES})", fname)
         raw = path.read_bytes()
     except FileNotFoundError:
         raise SpecError("no such file", fname) from None
@@ -191,6 +196,8 @@ def load_spec(path: str | Path, project: dict[str, Any] | None = None) -> Spec:
 
 
 def parse_spec(text: str, fname: str = "<spec>", project: dict[str, Any] | None = None) -> Spec:
+    if len(text) > MAX_BYTES:
+        raise SpecError(f"spec too large ({len(text)} characters; at most {MAX_BYTES})", fname)
     data, lines = _yaml_to_plain(text, fname)
     if data is None:
         raise SpecError("empty spec: expected a mapping with at least a 'model' section", fname, 1)
@@ -203,8 +210,19 @@ def _yaml_to_plain(text: str, fname: str) -> tuple[Any, dict[str, int]]:
     """Compose YAML safely into plain Python objects, recording each key path's line."""
     import yaml
 
+    class CountingLoader(yaml.SafeLoader):
+        """Stops composing after MAX_NODES nodes (aliases count each time they are used)."""
+
+        nodes = 0
+
+        def compose_node(self, parent, index):  # noqa: D401
+            self.nodes += 1
+            if self.nodes > MAX_NODES:
+                raise SpecError(f"too many YAML nodes (over {MAX_NODES})", fname, self.line + 1)
+            return super().compose_node(parent, index)
+
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=CountingLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else None
@@ -241,8 +259,9 @@ def _yaml_to_plain(text: str, fname: str) -> tuple[Any, dict[str, int]]:
             return [walk(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(n.value)]
         try:
             return constructor.construct_object(n, deep=True)
-        except yaml.YAMLError as e:
-            raise SpecError(f"bad value: {getattr(e, 'problem', e)}", fname, n.start_mark.line + 1, path or None) from None
+        except Exception as e:  # bad tags (!!int abc), 5000-digit integers, impossible dates ...
+            why = getattr(e, "problem", None) or f"cannot read {n.value[:40]!r} as {n.tag.rpartition(':')[2]}"
+            raise SpecError(f"bad value: {why}", fname, n.start_mark.line + 1, path or None) from None
 
     return walk(node, "", 0), lines
 
@@ -294,6 +313,8 @@ def _check_value(v: Any, kind: Any, key: str, lines: dict[str, int], fname: str)
     if kind == "str":
         if not isinstance(v, str):
             raise bad(f"expected a string, got {_typename(v)}")
+        if not v.isprintable() or len(v) > 200:
+            raise bad("must be printable text of at most 200 characters")
     elif kind == "bool":
         if not isinstance(v, bool):
             raise bad(f"expected true or false, got {_typename(v)}")
@@ -302,8 +323,8 @@ def _check_value(v: Any, kind: Any, key: str, lines: dict[str, int], fname: str)
             raise bad(f"expected a whole number, got {_typename(v)}")
         if v < 1:
             raise bad(f"must be >= 1, got {v}")
-        if v > 10**9:
-            raise bad(f"unreasonably large ({v})")
+        if v > MAX_INT.get(key, 10**9):
+            raise bad(f"must be at most {MAX_INT.get(key, 10**9)}, got {str(v)[:20]}")
     elif kind == "codes":
         bad_code = check_codes(v)
         if bad_code:
@@ -348,6 +369,8 @@ def check_codes(v: Any) -> str | None:
 def _number(v: Any, bad: Any) -> None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise bad(f"expected a number, got {_typename(v)}")
+    if isinstance(v, int) and abs(v) > 1e300:
+        raise bad(f"out of range ({str(v)[:20]}...)")
     if not math.isfinite(v):
         raise bad(f"must be finite, got {v}")
 

@@ -30,10 +30,11 @@ def _f(x) -> float | None:
     return float(f"{x:.6g}") if np.isfinite(x) else None
 
 
-def compare(spec, trace: Trace, m, tol: float = 0.05, rtol: float = 0.15, rho_theory=None) -> dict:
-    """The `initadvisor.verify/1` report: per-layer theory, measurement, error and pass/fail."""
-    th = {"rho": trace.rho if rho_theory is None else rho_theory, "q": trace.q, "grad_q": trace.grad_q,
-          "ipr": trace.y2}
+def compare(spec, trace: Trace, m, tol: float = 0.05, rtol: float = 0.15, theory: dict | None = None) -> dict:
+    """The `initadvisor.verify/1` report: per-layer theory, measurement, error and pass/fail.
+
+    `theory` replaces the trace's per-layer rho, q or ipr (causal models: position-resolved averages)."""
+    th = {"rho": trace.rho, "q": trace.q, "grad_q": trace.grad_q, "ipr": trace.y2, **(theory or {})}
     ms = {"rho": (_get(m, "rho"), _get(m, "rho_se")), "q": (_get(m, "q"), _get(m, "q_se")),
           "grad_q": (_get(m, "grad_q_norm"), _get(m, "grad_q_norm_se")), "ipr": (_get(m, "y2"), _get(m, "y2_se"))}
     if ms["ipr"][0] is None:  # not measured (a model that cannot return its attention probabilities)
