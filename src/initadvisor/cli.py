@@ -370,6 +370,5 @@ def main() -> None:
     try:
         app()  # standalone: usage errors exit 2, typer.Exit carries the gate's code
     except SpecError as e:
-        text = " ".join(str(e).splitlines())  # one line, whatever a key or a YAML message carries
-        sys.stderr.write(f"initadvisor: error: {text.encode('utf-8', 'backslashreplace').decode('utf-8')}\n")
+        sys.stderr.write(f"initadvisor: error: {e}\n")  # SpecError text is one printable line
         sys.exit(2)

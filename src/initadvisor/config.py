@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from initadvisor.spec import THRESHOLDS, SpecError, check_codes
+from initadvisor.spec import THRESHOLD_RANGE, THRESHOLDS, SpecError, check_codes
 
 KEYS = ("select", "ignore", "fail-on", "thresholds")
 
@@ -58,7 +58,8 @@ def load_project(start: Path | None = None) -> dict[str, Any]:
     for k, v in th.items():
         if k not in THRESHOLDS:
             raise bad(f"unknown threshold (expected one of: {', '.join(THRESHOLDS)})", f"thresholds.{k}")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e6:
-            raise bad(f"must be a positive number, got {v!r}", f"thresholds.{k}")
+        lo, hi = THRESHOLD_RANGE
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+            raise bad(f"must be a number in [{lo:g}, {hi:g}], got {v!r}", f"thresholds.{k}")
     return {"select": table.get("select", []), "ignore": table.get("ignore", []),
             "fail_on": table.get("fail-on"), "thresholds": {k: float(v) for k, v in th.items()}}

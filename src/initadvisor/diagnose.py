@@ -46,6 +46,8 @@ def width(spec, trace: Trace) -> dict | None:
     q, p = float(trace.att_q[0]), float(trace.att_p[0])
     V = float(trace.beta[0] ** 2 * q * (q - p) * np.log(spec.seq_len))  # key-dependent score variance
     rho, T, d = p / q, float(spec.seq_len), spec.d_model
+    if V >= 2 * np.log(T) or rho > 1 - 1e-9:  # 002's spectrum needs spread rows and distinct tokens
+        return None
     a = attention_spectrum(T, V, exact=False)
     w = width_collapse(T, V, rho, d=d, exact=False)
     Ts = 2.0 ** np.arange(4, int(np.log2(4 * T)) + 1)
@@ -107,6 +109,11 @@ def diagnose(spec, trace: Trace, ct=None) -> list[Finding]:
     elif rho[-1] >= th["collapse_trend_rho"]:
         out.append(finding("IA102", f"final rho {rho[-1]:.4f} >= {th['collapse_trend_rho']} "
                                     f"(rho rises from {rho[0]:.3f} at the input)", spec.layers))
+    grow = float(trace.q[-1] / trace.q[min(1, spec.layers)])
+    lim = th["forward_ratio_max"]
+    if not 1 / lim <= grow <= lim:
+        out.append(finding("IA103", f"forward variance changes {grow:.3g}x from block 1 to block {spec.layers} "
+                                    f"(outside [{1 / lim:g}, {lim:g}])", spec.layers))
     x = trace.beta / trace.beta_c
     worst = int(np.argmax(x))
     if x[worst] >= 1.0:

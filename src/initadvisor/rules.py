@@ -30,6 +30,13 @@ RULES: dict[str, Rule] = {r.code: r for r in [
          "The final layer's rho is high: deeper variants of this model, or training, will push it into collapse.",
          "rho_L >= threshold", "Giorlandino & Goldt 2025, eqs. 14-17", "thresholds.collapse_trend_rho [0.9]",
          "As for IA101: a stronger attention skip or centered attention."),
+    Rule("IA103", "forward-variance", "error", "Forward variance explodes or dies",
+         "The residual stream's second moment changes by more than the threshold from block 1 to the last block: "
+         "without normalisation (or with residual gains above 1) it grows or decays exponentially with depth "
+         "and activations overflow or vanish in floating point.",
+         "q_L / q_1 from the forward recurrence (moments are clamped at 1e250 to stay finite)",
+         "Kedia et al. 2024, App. E.1 (eq. 2); Giorlandino & Goldt 2025, eq. 15", "thresholds.forward_ratio_max [1e6]",
+         "Use pre- or post-LN, or scale residual branches (DeepScaleLM lambda^2 + beta^2 = 1)."),
     Rule("IA201", "entropy-collapse", "error", "Entropy collapse",
          "The query/key scale beta is at or above the critical beta_c of the layer's input geometry: attention "
          "rows condense on a few random tokens (localized REM phase) and training is unstable.",

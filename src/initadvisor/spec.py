@@ -30,7 +30,13 @@ class SpecError(ValueError):
     def __init__(self, message: str, file: str | None = None, line: int | None = None, key: str | None = None):
         self.file, self.line, self.key, self.message = file, line, key, message
         where = f"{file}:{line}" if file and line else (file or "<spec>")
-        super().__init__(f"{where}: {key + ': ' if key else ''}{message}")
+        super().__init__(one_line(f"{where}: {key + ': ' if key else ''}{message}"))
+
+
+def one_line(text: str) -> str:
+    """Line breaks folded to spaces, other unprintable characters escaped: messages stay one terminal line."""
+    text = " ".join(text.splitlines())
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 @dataclass(frozen=True)
@@ -151,8 +157,10 @@ THRESHOLDS = {
     "grad_explode": 1e3,  # end-to-end gradient second-moment ratio above this: exploding (error)
     "grad_vanish": 1e-3,  # ... below this: vanishing (error)
     "qk_grad_ratio_min": 1e-4,  # Noci query/key-to-value gradient ratio below this: vanishing Q/K gradient
+    "forward_ratio_max": 1e6,  # q_L / q_1 above this or below its inverse: forward variance explodes or dies
 }
 
+THRESHOLD_RANGE = (1e-12, 1e12)
 _MATRIX = {"std": "pos", "gain": "pos", "bias_std": "nonneg"}
 _RES = {"skip": "nonneg", "block": "nonneg"}
 SCHEMA: dict[str, Any] = {
@@ -167,7 +175,7 @@ SCHEMA: dict[str, Any] = {
     "attention_dropout": "prob",
     "init": {"std": "pos", "qk_beta": "pos?", **{m: _MATRIX for m in MATRICES}},
     "residual": {"attention": _RES, "mlp": _RES},
-    "thresholds": {k: "pos" for k in THRESHOLDS},
+    "thresholds": {k: "threshold" for k in THRESHOLDS},
     "select": "codes",
     "ignore": "codes",
 }
@@ -345,8 +353,10 @@ def _check_value(v: Any, kind: Any, key: str, lines: dict[str, int], fname: str)
             raise bad(f"must be 'auto' or a number in [0, 1), got {v}")
     else:  # numeric kinds
         _number(v, bad)
-        if kind == "pos" and not (v > 0 and v < 1e6):
-            raise bad(f"must be a positive number below 1e6, got {v}")
+        if kind == "threshold" and not (THRESHOLD_RANGE[0] <= v <= THRESHOLD_RANGE[1]):
+            raise bad(f"must be a number in [{THRESHOLD_RANGE[0]:g}, {THRESHOLD_RANGE[1]:g}], got {v}")
+        if kind == "pos" and not (1e-8 <= v < 1e6):
+            raise bad(f"must be a number in [1e-8, 1e6), got {v}")
         if kind == "nonneg" and not (0 <= v < 1e6):
             raise bad(f"must be a number in [0, 1e6), got {v}")
         if kind == "prob" and not 0 <= v < 1:

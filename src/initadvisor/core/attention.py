@@ -17,12 +17,14 @@ from functools import lru_cache
 
 import numpy as np
 
+HUGE = 1e250  # the engine's cap on every moment and derived quantity: extreme stacks stay finite
+
 
 def beta_c(q, p, q_query=None):
     """Critical beta (001 Result 1): sqrt(2 / (q (q - p))); q_query adds the query bias's share."""
     qq = q if q_query is None else q_query
-    gap = np.maximum(q - p, 1e-300)
-    return np.sqrt(2.0 / (qq * gap))
+    with np.errstate(divide="ignore", over="ignore"):
+        return np.minimum(np.sqrt(2.0 / (qq * np.maximum(q - p, 1e-300))), HUGE)  # collapsed tokens: no condensation
 
 
 def participation(beta, bc, rho, T):

@@ -485,6 +485,14 @@ def _block(G: _Grid, S: _State, P: BlockParams, lnT: float) -> tuple[_State, _At
     return S, cache
 
 
+def _clamp(G: _Grid, S: _State) -> _State:
+    """As the single-pair engine: q into [1/HUGE, HUGE], overlaps within +-sqrt(q_a q_b) of their groups."""
+    qf = np.clip(np.nan_to_num(S.qf, nan=att.HUGE, posinf=att.HUGE), 1.0 / att.HUGE, att.HUGE)
+    qg = _gmean(G, qf)
+    bound = np.multiply.outer(np.sqrt(qg), np.sqrt(qg))
+    return _State(qf, np.clip(np.nan_to_num(S.P, nan=0.0), -bound, bound))
+
+
 def _summary(G: _Grid, S: _State) -> tuple[float, np.ndarray, np.ndarray]:
     """(rho over all positions, rho per third, q per third) of the reduced state."""
     n = G.n
@@ -540,7 +548,9 @@ def propagate_overlaps(blocks: Sequence[BlockParams], q0: float, p0: float, T: i
     record(0, S)
     for k, P in enumerate(blocks):
         lnT = math.log(P.seq_len) if np.isfinite(P.seq_len) else math.log(T)
-        S, cache = _block(G, S, P, lnT)
+        with np.errstate(over="ignore", invalid="ignore"):
+            S, cache = _block(G, S, P, lnT)
+        S = _clamp(G, S)
         record(k + 1, S)
         y2[k], bcs[k] = cache.y2, cache.beta_c
         if k == 0:
@@ -549,6 +559,10 @@ def propagate_overlaps(blocks: Sequence[BlockParams], q0: float, p0: float, T: i
     if keep_overlap:
         overlap = S.P[G.gid][:, G.gid]
         np.fill_diagonal(overlap, S.qf)
+    for j, (lo, hi) in enumerate(thirds(T)):  # a third with fewer than two positions has no pairs
+        if hi - lo < 2:
+            r3[:, j] = rho
+            q3[:, j] = qs[:, lo:hi].mean(axis=1) if hi > lo else qs.mean(axis=1)
     return CausalTrace(q=qs, rho_mean=rho, rho_thirds=r3, q_thirds=q3, y2=y2, beta_c=bcs,
                        attention_output_variance_layer1=var1, overlap=overlap)
 

@@ -11,6 +11,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from initadvisor.core.attention import HUGE  # the engine's cap: overflowing products stop there, never inf
+
+
+def _product(*factors):
+    """Product with the possibly-zero factors first (so 0 x overflow is never inf x 0), capped at HUGE."""
+    with np.errstate(over="ignore"):
+        out = np.float64(1.0)
+        for f in factors:
+            out = out * f
+    return np.minimum(out, HUGE)
+
 
 def jacobian_trace(y2, y3, x):
     """E tr(M^2) per attention row: Y2 - 2 Y3 + E[Y2^2] (x = beta / beta_c gives the phase)."""
@@ -21,17 +32,19 @@ def jacobian_trace(y2, y3, x):
 
 def qk_grad(beta, sigma_v2, q, p, y2, y3, beta_c):
     """Scaled query-gradient norm T/(d^2 sqrt(ln T)) E||dL/dW_Q||^2 up to C (001 eq. 13, corrected trace)."""
-    return beta * sigma_v2 * q * (q - p) ** 2 * jacobian_trace(y2, y3, beta / beta_c)
+    return _product(jacobian_trace(y2, y3, beta / beta_c), q - p, q - p, beta, sigma_v2, q)
 
 
 def qk_to_v_grad_ratio(tau2, sigma_x2, rho, n, d):
     """E||dS/dW_Q||^2 / E||dS/dW_V||^2 under uniform attention (Noci eqs. 18 / 17, with eq. 46's tau)."""
-    return tau2 * sigma_x2**2 * (n - 1) * (1 - rho) ** 2 * (n + d) / (d * n * (1 + rho * (n - 1)))
+    return _product((1 - rho) ** 2, tau2, sigma_x2, sigma_x2, (n - 1) * (n + d) / (d * n * (1 + rho * (n - 1))))
 
 
 def balancing_tau(sigma_x2, rho, n, d):
     """Softmax inverse temperature that equalises Q/K and V gradient norms (Noci eq. 47)."""
-    return np.sqrt(d * n * (1 + rho * (n - 1)) / (sigma_x2**2 * (1 - rho) ** 2 * (n + d) * (n - 1)))
+    with np.errstate(divide="ignore", over="ignore"):
+        return np.minimum(np.sqrt(d * n * (1 + rho * (n - 1)) / (sigma_x2**2 * (1 - rho) ** 2 * (n + d) * (n - 1))),
+                          HUGE)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -39,11 +52,12 @@ def balancing_tau(sigma_x2, rho, n, d):
 
 
 def _fit(x, y):
-    """Least-squares line y = a + b x and its R^2."""
-    b, a = np.polyfit(x, y, 1)
-    resid = y - (a + b * x)
-    ss = float(np.sum((y - y.mean()) ** 2))
-    return float(a), float(b), 1.0 - float(np.sum(resid**2)) / ss if ss > 0 else 1.0
+    """Least-squares line y = a + b x and its R^2 (y rescaled first, so huge moments cannot overflow)."""
+    scale = float(np.max(np.abs(y))) or 1.0
+    b, a = np.polyfit(x, y / scale, 1)
+    resid = y / scale - (a + b * x)
+    ss = float(np.sum((y / scale - np.mean(y / scale)) ** 2))
+    return float(a * scale), float(b * scale), 1.0 - float(np.sum(resid**2)) / ss if ss > 0 else 1.0
 
 
 def forward_growth(q: np.ndarray) -> dict:

@@ -16,6 +16,7 @@ from initadvisor.core.blocks import block_backward, block_forward
 from initadvisor.core.components import BlockParams
 
 EULER_GAMMA = 0.5772156649015329
+from initadvisor.core.attention import HUGE  # moments are clamped to [1/HUGE, HUGE] after every block
 
 
 @dataclass
@@ -44,7 +45,9 @@ def propagate(blocks: Sequence[BlockParams], q0, p0, backward: bool = True) -> T
     q, p = np.asarray(q0, dtype=float), np.asarray(p0, dtype=float)
     qs, ps, caches = [q], [p], []
     for P in blocks:
-        q, p, cache = block_forward(q, p, P)
+        with np.errstate(over="ignore", invalid="ignore"):
+            q, p, cache = block_forward(q, p, P)
+        q, p = _clamp(q, p, 1.0 / HUGE)
         qs.append(q)
         ps.append(p)
         caches.append(cache)
@@ -53,7 +56,9 @@ def propagate(blocks: Sequence[BlockParams], q0, p0, backward: bool = True) -> T
     gqs, gps = [gq], [gp]
     if backward:
         for P, cache in zip(reversed(blocks), reversed(caches)):
-            gq, gp = block_backward(gq, gp, cache, P)
+            with np.errstate(over="ignore", invalid="ignore"):
+                gq, gp = block_backward(gq, gp, cache, P)
+            gq, gp = _clamp(gq, gp, 0.0)
             gqs.append(gq)
             gps.append(gp)
     gqs, gps = _stack(gqs[::-1], shape), _stack(gps[::-1], shape)
@@ -66,6 +71,12 @@ def propagate(blocks: Sequence[BlockParams], q0, p0, backward: bool = True) -> T
         att_q=att("q_in"), att_p=att("p_in"), beta=_stack([P.beta for P in blocks], shape),
         beta_c=att("beta_c"), y2=att("y2"), y3=att("y3"),
     )
+
+
+def _clamp(q, p, floor: float):
+    """q into [floor, HUGE] (overflow and inf - inf become HUGE), p into [-q, q]; fmin/fmax skip NaN."""
+    q = np.fmax(np.fmin(q, HUGE), floor)
+    return q, np.fmax(np.fmin(p, q), -q)
 
 
 def _stack(xs: list, shape: tuple) -> np.ndarray:
