@@ -1,8 +1,9 @@
-"""Reality check of the theory: real, randomly initialised HuggingFace models against `run_spec`.
+"""Reality check of the theory: real, randomly initialised HuggingFace models against `check config.json`.
 
 For each family a small but deep model (16 layers, d = 256, 4 heads, T = 128) is built from its
 transformers config class, the config is written with `save_pretrained`, imported with
-`initadvisor.hf.import_config(path, seq_len=T)` and propagated with `run_spec`. The same config is
+`initadvisor.hf.import_config(path, seq_len=T)` and predicted by `diagnose.check` (per-layer q and rho; causal
+models position-resolved) and `run_spec` (gradients, IPR, late-token pair). The same config is
 instantiated with `AutoModel.from_config` (eager attention, training mode, dropout active) and measured by
 `initadvisor.torch.measure` over a few seeds (Zipf-distributed token ids, as the engine's
 `input_correlation: auto` assumes). No mocks, no fudge factors: the engine's own definitions
@@ -10,8 +11,9 @@ instantiated with `AutoModel.from_config` (eager attention, training mode, dropo
 
 Tolerances (per layer): q within 15% (relative), gradient ratio grad_q_i / grad_q_L within 15%,
 rho within 0.05 (post-LN encoder) or 0.06 (causal decoders, mean over all token pairs; late-token rho,
-pairs within the last third of positions, is checked too). Assertions that genuinely fail are marked
-xfail(strict=True) with the measured numbers in the reason.
+pairs within the last third of positions, is checked too). Gradient ratios are asserted for BERT and GPT-2;
+GPT-NeoX and Llama's are printed (Llama's causal backward is off by up to 39% at layer 1: the backward uses the
+late-token pair with key-averaged causal column moments).
 
 `python -m pytest tests/test_reality.py -s` prints the per-family accuracy table.
 """
@@ -27,6 +29,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from initadvisor.core.model import run_spec  # noqa: E402
+from initadvisor.diagnose import check  # noqa: E402
 from initadvisor.hf import import_config  # noqa: E402
 
 T, L, D, HEADS, VOCAB = 128, 16, 256, 4, 5000
@@ -70,13 +73,16 @@ def _result(family: str, tmp_path_factory) -> dict:
     spec, _notes = import_config(path / "config.json", seq_len=T)
     assert spec.layers == L and spec.d_model == D and spec.seq_len == T
     tr = run_spec(spec)
+    rep = check(spec)  # what `initadvisor check config.json` predicts (causal: position-resolved averages)
+    pred = {"q": np.array([r["q"] for r in rep["layers"]]), "rho": np.array([r["rho"] for r in rep["layers"]]),
+            "rho_late": np.array(rep["causal"]["rho_late"]) if rep["causal"] else tr.rho}
     t0 = time.perf_counter()
     causal = spec.causal  # the IPR is compared for the encoder only (causal rows have t + 1 keys)
     model = transformers.AutoModel.from_config(cfg, attn_implementation="sdpa" if causal else "eager")
     m = measure(model, T, batch=BATCH, seeds=SEEDS, attentions=not causal)
     assert m["layers"] == L
     print(f"\n[{family}: measured in {time.perf_counter() - t0:.1f} s]")
-    _CACHE[family] = {"spec": spec, "trace": tr, "m": m}
+    _CACHE[family] = {"spec": spec, "trace": tr, "pred": pred, "m": m}
     return _CACHE[family]
 
 
@@ -90,13 +96,14 @@ def result(tmp_path_factory):
 
 
 def q_rel_err(r: dict, late: bool = False) -> np.ndarray:
+    """All tokens: check's per-layer q; late third: the late-token pair (the engine's trace)."""
     meas = r["m"]["q_thirds"][:, 2] if late else r["m"]["q"]
-    return np.abs(r["trace"].q / meas - 1.0)
+    return np.abs((r["trace"].q if late else r["pred"]["q"]) / meas - 1.0)
 
 
 def rho_abs_err(r: dict, late: bool = False) -> np.ndarray:
     meas = r["m"]["rho_thirds"][:, 2] if late else r["m"]["rho"]
-    return np.abs(r["trace"].rho - meas)
+    return np.abs(r["pred"]["rho_late" if late else "rho"] - meas)
 
 
 def grad_rel_err(r: dict) -> np.ndarray:
@@ -114,10 +121,10 @@ def _fmt(err: np.ndarray) -> str:
 
 
 def _table(r: dict) -> str:
-    tr, m = r["trace"], r["m"]
+    tr, m, pr = r["trace"], r["m"], r["pred"]
     rows = [" i   q_pred   q_meas  q_late | rho_pred rho_meas rho_late (se) | gradratio_pred gradratio_meas (se)"]
     for i in range(L + 1):
-        rows.append(f"{i:2d} {tr.q[i]:8.5f} {m['q'][i]:8.5f} {m['q_thirds'][i, 2]:7.5f} | {tr.rho[i]:8.4f} "
+        rows.append(f"{i:2d} {pr['q'][i]:8.5f} {m['q'][i]:8.5f} {m['q_thirds'][i, 2]:7.5f} | {pr['rho'][i]:8.4f} "
                     f"{m['rho'][i]:8.4f} {m['rho_thirds'][i, 2]:8.4f} ({m['rho_se'][i]:.4f}) | "
                     f"{tr.grad_q[i]:14.4f} {m['grad_q_norm'][i]:14.4f} ({m['grad_q_norm_se'][i]:.4f})")
     return "\n".join(rows)
@@ -189,20 +196,13 @@ def test_llama_late_token_rho(result):
     assert rho_abs_err(r, late=True).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r, late=True)) + "\n" + _table(r)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "causal late-token approximation (IA901): Llama's rho over ALL token pairs is 0.63-0.88 at layers 2-16 "
-    "against predicted 0.75-0.99 (max abs error 0.132 at layer 3: measured 0.761 +- 0.016, predicted 0.893); "
-    "the last third of positions matches within 0.019. initadvisor.simulate's numpy network shows the same, and "
-    "with causal=False the error drops to 0.047: early tokens average few keys and stay less correlated"))
 def test_llama_rho_all_pairs(result):
+    """Over all token pairs, causal rows at m keys matter: check's position-resolved prediction (was 0.132 off
+    with the late-token pair alone, 0.011 with it)."""
     r = result("llama")
     assert rho_abs_err(r).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r)) + "\n" + _table(r)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "causal late-token approximation (IA901): Llama's all-token q is 21% above the prediction at layer 1 "
-    "(measured 0.00187, predicted 0.00147: early tokens average few keys, so their attention output keeps "
-    "q_v instead of p_v) and 13% below it at layer 16 (0.1356 vs 0.1558); late-third q within 16%"))
 def test_llama_q(result):
     r = result("llama")
     assert q_rel_err(r).max() <= Q_REL, _fmt(q_rel_err(r)) + "\n" + _table(r)

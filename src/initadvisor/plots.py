@@ -197,3 +197,36 @@ def save_profiles(report: dict, path, dpi: int = 150) -> Path:
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
+
+
+def save_verify(report: dict, path, dpi: int = 150) -> Path:
+    """Theory (lines) beside measurement (dots, 2 standard errors) of a `verify` report: rho, q, grad q."""
+    import numpy as np
+
+    plt = _pyplot()
+    path = Path(path)
+    rows = report["layers"]
+    fig, axs = plt.subplots(1, 3, figsize=(12, 3.8), constrained_layout=True)
+    for a, key, label, log in zip(axs, ("rho", "q", "grad_q"),
+                                  (r"$\rho$", "q (stream second moment)", "grad q (1 at the output)"),
+                                  (False, True, True)):
+        have = [r for r in rows if key in r]
+        idx = np.array([r["index"] for r in have])
+        th = np.array([r[key]["theory"] for r in have], dtype=float)
+        ms = np.array([r[key]["measured"] for r in have], dtype=float)
+        se = np.array([r[key]["se"] or 0.0 for r in have], dtype=float)
+        a.plot(idx, th, color="#1f4e99", lw=1.8, label="theory")
+        a.errorbar(idx, ms, yerr=2 * se, fmt="o", ms=3.5, color="#d04a3a", ecolor="0.4", label="measured (2 se)")
+        if log and np.all(th > 0) and np.all(ms > 0) and max(th.max(), ms.max()) / min(th.min(), ms.min()) > 20:
+            a.set_yscale("log")
+        a.set_xlabel("layer (0 = input)")
+        a.set_ylabel(label)
+        a.grid(alpha=0.3)
+    axs[0].legend(fontsize=8)
+    m = report.get("measurement", {})
+    fig.suptitle(f"{report['spec']['name']}: theory vs {m.get('backend', 'Monte-Carlo')} measurement "
+                 f"({m.get('seeds', '?')} seeds x {m.get('batch', '?')} sequences)  |  verdict "
+                 f"{report['verdict'].upper()}", fontsize=10)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
