@@ -43,7 +43,7 @@ def render_check(report: dict, console) -> None:
         lg = [math.log10(x) for x in g]
         lo, hi = min(lg), max(lg)
         console.print(f"grad q (log)  [dim]{lo:+.1f}[/] {sparkline(lg, lo, hi if hi > lo else lo + 1)} "
-                      f"[dim]{hi:+.1f}[/]   (input/output ratio {g[0]:.3g})")
+                      f"[dim]{hi:+.1f}[/]   (input / top {g[0]:.3g})")
     t = Table(show_edge=False, header_style="bold")
     for col in ("layer", "q", "rho", "beta/beta_c", "IPR", "attention", "grad q"):
         t.add_column(col, justify="right")
@@ -103,12 +103,15 @@ def render_recommend(rep: dict, console) -> None:
     lines += [f"[yellow]caveat:[/] {c}" for c in ds["caveats"]]
     console.print(Panel("\n".join(lines), title=f"initadvisor recommend: {spec['name']}", expand=False))
     t = Table(show_edge=False, header_style="bold")
-    for col in ("recipe", "final rho", "max beta/beta_c", "grad ratio", "verdict", "findings"):
+    for col in ("recipe", "final rho", "max beta/beta_c", "grad ratio", "verdict", "errors, warnings"):
         t.add_column(col, justify="left" if col in ("recipe", "findings") else "right")
+    from initadvisor.rules import RULES
+
     for r in rep["recipes"]:
         style = "green" if r["verdict"] == "pass" else "red"
+        shown = [c for c in r["findings"] if RULES[c].severity != "info"]  # the JSON keeps all codes
         t.add_row(r["name"], f"{r['final_rho']:.3f}", f"{r['worst_beta_ratio']:.3f}", f"{r['grad_ratio']:.3g}",
-                  f"[{style}]{r['verdict']}[/]", " ".join(r["findings"]))
+                  f"[{style}]{r['verdict']}[/]", " ".join(shown))
     console.print(t)
     console.print(f"patched spec: the [bold]{rep['patched_recipe']}[/] recipe (`--format yaml` or `--out FILE`)")
     console.print(Syntax(rep["init_weights"], "python", theme="ansi_dark", word_wrap=True))
