@@ -80,6 +80,16 @@ def emit_json(obj) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, allow_nan=False) + "\n")
 
 
+def emit(obj, as_json: bool, render) -> None:
+    """JSON on stdout, or the rich rendering `render(obj, console)`."""
+    if as_json:
+        emit_json(obj)
+        return
+    from rich.console import Console
+
+    render(obj, Console())
+
+
 def codes(text: str | None) -> tuple[str, ...] | None:
     """A comma-separated --select/--ignore list, validated."""
     if text is None:
@@ -195,16 +205,12 @@ def recommend(
                                              f"to {spec}\n")
     if out is not None:
         out.write_text(patched)
-    if format is RecommendFormat.json:
-        emit_json(rep)
-    elif format is RecommendFormat.yaml:
+    if format is RecommendFormat.yaml:
         sys.stdout.write(patched)
     else:
-        from rich.console import Console
-
         from initadvisor.report import render_recommend
 
-        render_recommend(rep, Console())
+        emit(rep, format is RecommendFormat.json, render_recommend)
 
 
 class Backend(str, Enum):
@@ -253,14 +259,9 @@ def verify(
         from initadvisor.plots import save_verify
 
         save_verify(rep, plot)
-    if format is CheckFormat.json:
-        emit_json(rep)
-    else:
-        from rich.console import Console
+    from initadvisor.verify import render_verify
 
-        from initadvisor.verify import render_verify
-
-        render_verify(rep, Console())
+    emit(rep, format is CheckFormat.json, render_verify)
     raise typer.Exit(0 if rep["verdict"] == "pass" else 1)
 
 
@@ -308,12 +309,7 @@ def diagram(
             from initadvisor.plots import save_diagram
 
             save_diagram(res, path)
-    if format is CheckFormat.json:
-        emit_json(res)
-    else:
-        from rich.console import Console
-
-        render_diagram(res, Console())
+    emit(res, format is CheckFormat.json, render_diagram)
 
 
 @app.command()

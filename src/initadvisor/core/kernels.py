@@ -65,10 +65,13 @@ def _erf(x):
     return erf(x)
 
 
+def _sigmoid(x):
+    return 0.5 * (1.0 + np.tanh(0.5 * x))  # no overflow for any x
+
+
 PHI = {
     "tanh": (np.tanh, lambda x: 1 - np.tanh(x) ** 2),
-    "silu": (lambda x: x / (1 + np.exp(-x)),
-             lambda x: (1 + np.exp(-x) + x * np.exp(-x)) / (1 + np.exp(-x)) ** 2),
+    "silu": (lambda x: x * _sigmoid(x), lambda x: _sigmoid(x) * (1 + x * (1 - _sigmoid(x)))),
     "gelu": (lambda x: 0.5 * x * (1 + _erf(x / SQRT2)),
              lambda x: 0.5 * (1 + _erf(x / SQRT2)) + x * np.exp(-x * x / 2) / math.sqrt(2 * np.pi)),
 }
