@@ -275,6 +275,11 @@ def measure_torch(path: Path, spec, seeds: int, batch: int, device: str):
     from initadvisor import torch as it
 
     if is_hf_config(path):
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            raise SpecError("measuring a HuggingFace model needs transformers: pip install 'initadvisor[hf]'",
+                            "command line", None, "--backend") from None
         return it.measure_hf_config(path, spec, seeds=seeds, batch=batch, device=device)
     return it.measure_spec(spec, seeds=seeds, batch=batch, device=device)
 

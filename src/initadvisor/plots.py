@@ -18,8 +18,10 @@ GREEK = {"beta": r"$\beta$ (Q/K scale, Giorlandino-Goldt)", "alpha_sa": r"$\alph
 def _pyplot():
     try:
         import matplotlib
-    except ImportError:  # pragma: no cover - exercised without the extra
-        raise ImportError("plotting needs matplotlib: pip install 'initadvisor[plot]'") from None
+    except ImportError:  # without the `plot` extra: one line, exit 2
+        from initadvisor.spec import SpecError
+
+        raise SpecError("pictures need matplotlib: pip install 'initadvisor[plot]'", "command line") from None
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
@@ -41,11 +43,12 @@ def save_diagram(result: dict, path, dpi: int = 150) -> Path:
     """The diagram as an image: phase colours, the spec's point, the recommended region (beta_c/2 and
     alpha_c lines, hatched), axis labels and a legend."""
     import numpy as np
+
+    plt = _pyplot()
     from matplotlib.colors import ListedColormap
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    plt = _pyplot()
     path = Path(path)
     xa, ya = result["x"], result["y"]
     code = {p: i for i, p in enumerate(PHASES)}
