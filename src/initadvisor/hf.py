@@ -396,6 +396,17 @@ def _rotary_note(cfg: _Config, notes: list[str], partial_key: str | None = None)
                      "is not modelled")
 
 
+def _decoder(layers: int, d: int, heads: int, kv: int, d_ff: int, act: str, norm_type: str, parallel: bool,
+             scale: float | None) -> dict[str, Any]:
+    """The `model` section of a pre-LN causal decoder (GPT-2, GPT-NeoX, Llama family)."""
+    model = {"layers": layers, "d_model": d, "heads": heads, "kv_heads": kv, "d_ff": d_ff, "norm": "pre",
+             "norm_type": norm_type, "attention": "softmax", "out_proj": True, "causal": True, "activation": act,
+             "embedding_norm": False, "parallel_residual": parallel}
+    if scale is not None:
+        model["softmax_scale"] = scale
+    return model
+
+
 def _gpt2(cfg: _Config, notes: list[str]) -> dict[str, Any]:
     g = cfg.get
     layers = g("n_layer", "posint", required=True, spec_key="model.layers", aliases=("num_hidden_layers",))
@@ -424,13 +435,8 @@ def _gpt2(cfg: _Config, notes: list[str]) -> dict[str, Any]:
                  f"initializer_range / sqrt(2 * n_layer) = {std:g} / sqrt({2 * layers}) = {proj:.6g}")
     drop = _dropouts(cfg, notes, "resid_pdrop", "embd_pdrop", 0.1)
     attn_drop = g("attn_pdrop", "prob", 0.1, spec_key="attention_dropout")
-    model = {"layers": layers, "d_model": d, "heads": heads, "kv_heads": heads, "d_ff": d_ff, "norm": "pre",
-             "norm_type": "layernorm", "attention": "softmax", "out_proj": True, "causal": True, "activation": act,
-             "embedding_norm": False, "parallel_residual": False}
-    if scale is not None:
-        model["softmax_scale"] = scale
     return {
-        "model": model,
+        "model": _decoder(layers, d, heads, heads, d_ff, act, "layernorm", False, scale),
         "sequence": {"length": length, "vocab": vocab, "embeddings": ["token", "position"]},
         "dropout": drop, "attention_dropout": attn_drop,
         "init": _init(std, o=proj, ff_out=proj),
@@ -452,9 +458,7 @@ def _gpt_neox(cfg: _Config, notes: list[str]) -> dict[str, Any]:
     drop = g("hidden_dropout", "prob", 0.0, spec_key="dropout")  # embedding dropout uses the same rate
     attn_drop = g("attention_dropout", "prob", 0.0, spec_key="attention_dropout")
     return {
-        "model": {"layers": layers, "d_model": d, "heads": heads, "kv_heads": heads, "d_ff": d_ff, "norm": "pre",
-                  "norm_type": "layernorm", "attention": "softmax", "out_proj": True, "causal": True,
-                  "activation": act, "embedding_norm": False, "parallel_residual": parallel},
+        "model": _decoder(layers, d, heads, heads, d_ff, act, "layernorm", parallel, None),
         "sequence": {"length": length, "vocab": vocab, "embeddings": ["token"]},
         "dropout": drop, "attention_dropout": attn_drop,
         "init": _init(std),
@@ -483,13 +487,8 @@ def _llama_like(cfg: _Config, mt: str, notes: list[str]) -> dict[str, Any]:
     _sliding_window(cfg, mt, layers, length, notes)
     std = _init_std(cfg, notes)
     attn_drop = g("attention_dropout", "prob", 0.0, spec_key="attention_dropout")
-    model = {"layers": layers, "d_model": d, "heads": heads, "kv_heads": kv, "d_ff": d_ff, "norm": "pre",
-             "norm_type": "rmsnorm", "attention": "softmax", "out_proj": True, "causal": True, "activation": act,
-             "embedding_norm": False, "parallel_residual": False}
-    if scale is not None:
-        model["softmax_scale"] = scale
     return {
-        "model": model,
+        "model": _decoder(layers, d, heads, kv, d_ff, act, "rmsnorm", False, scale),
         "sequence": {"length": length, "vocab": vocab, "embeddings": ["token"]},
         "dropout": 0.0,  # no embedding or residual dropout in these families
         "attention_dropout": attn_drop,
