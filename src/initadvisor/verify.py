@@ -14,6 +14,7 @@ from initadvisor import __version__
 from initadvisor.core.model import Trace
 
 GATED = ("rho", "q", "grad_q")
+ABSOLUTE = ("rho", "grad_p")  # compared by difference: rho is bounded, grad_p (normalised) is often ~0
 
 
 def _get(m, key):
@@ -34,9 +35,11 @@ def compare(spec, trace: Trace, m, tol: float = 0.05, rtol: float = 0.15, theory
     """The `initadvisor.verify/1` report: per-layer theory, measurement, error and pass/fail.
 
     `theory` replaces the trace's per-layer rho, q or ipr (causal models: position-resolved averages)."""
-    th = {"rho": trace.rho, "q": trace.q, "grad_q": trace.grad_q, "ipr": trace.y2, **(theory or {})}
+    th = {"rho": trace.rho, "q": trace.q, "grad_q": trace.grad_q, "grad_p": trace.grad_p, "ipr": trace.y2,
+          **(theory or {})}
     ms = {"rho": (_get(m, "rho"), _get(m, "rho_se")), "q": (_get(m, "q"), _get(m, "q_se")),
-          "grad_q": (_get(m, "grad_q_norm"), _get(m, "grad_q_norm_se")), "ipr": (_get(m, "y2"), _get(m, "y2_se"))}
+          "grad_q": (_get(m, "grad_q_norm"), _get(m, "grad_q_norm_se")),
+          "grad_p": (_get(m, "grad_p_norm"), _get(m, "grad_p_norm_se")), "ipr": (_get(m, "y2"), _get(m, "y2_se"))}
     if ms["ipr"][0] is None:  # not measured (a model that cannot return its attention probabilities)
         del th["ipr"], ms["ipr"]
     layers, worst = [], {k: 0.0 for k in th}
@@ -49,8 +52,8 @@ def compare(spec, trace: Trace, m, tol: float = 0.05, rtol: float = 0.15, theory
             if j < 0:
                 continue
             t, (v, se) = float(th[key][j]), (float(ms[key][0][j]), float(ms[key][1][j]))
-            err = t - v if key == "rho" else (t - v) / v if v else np.inf
-            allow = (tol + 2 * se) if key == "rho" else (rtol + 2 * se / abs(v) if v else np.inf)
+            err = t - v if key in ABSOLUTE else (t - v) / v if v else np.inf
+            allow = (tol + 2 * se) if key in ABSOLUTE else (rtol + 2 * se / abs(v) if v else np.inf)
             good = bool(abs(err) <= allow)
             row[key] = {"theory": _f(t), "measured": _f(v), "se": _f(se), "error": _f(err), "ok": good}
             worst[key] = max(worst[key], abs(err))
@@ -95,5 +98,6 @@ def render_verify(rep: dict, console) -> None:
     e = rep["max_error"]
     colour = "green" if rep["verdict"] == "pass" else "red"
     console.print(f"max |error|: rho {e['rho']:.3g} (tol {rep['tol']}), q {e['q']:.1%}, grad {e['grad_q']:.1%} "
-                  f"(rtol {rep['rtol']:.0%}), IPR {'-' if e['ipr'] is None else format(e['ipr'], '.1%')} (not gated)  "
+                  f"(rtol {rep['rtol']:.0%}); not gated: grad_p {e['grad_p']:.3g} (abs), "
+                  f"IPR {'-' if e['ipr'] is None else format(e['ipr'], '.1%')}  "
                   f"verdict: [bold {colour}]{rep['verdict'].upper()}[/]")
