@@ -100,10 +100,15 @@ def recipe_critical(spec: Spec, beta: float, alpha: float | None) -> Recipe:
                   "Giorlandino & Goldt 2025, Result 1, B.3, Fig. 1c", s)
 
 
-def recipe_deepscalelm(spec: Spec, k: float, simplified: bool = False) -> Recipe:
-    d, p = spec.d_model, spec.dropout
-    ds = dslm_init(spec.layers, d, p, k=k, r0=input_correlation(spec), n_embeddings=len(spec.embeddings),
-                   post_ln=spec.norm == "post", simplified=simplified, d_ff=spec.d_ff)
+def dslm(spec: Spec, k: float, simplified: bool = False):
+    """DeepScaleLM's init for this spec (004 sec. 3.5, App. M), from the spec's own input correlation."""
+    return dslm_init(spec.layers, spec.d_model, spec.dropout, k=k, r0=input_correlation(spec),
+                     n_embeddings=len(spec.embeddings), post_ln=spec.norm == "post", simplified=simplified,
+                     d_ff=spec.d_ff)
+
+
+def recipe_deepscalelm(spec: Spec, ds) -> Recipe:
+    d, simplified = spec.d_model, ds.simplified
     lam, bet = math.sqrt(ds.lambda2), math.sqrt(ds.beta2)
     s = _with_init(spec, embedding=math.sqrt(ds.var_embd), q=math.sqrt(ds.var_qk), k=math.sqrt(ds.var_qk),
                    v=math.sqrt(ds.var_ffn), o=math.sqrt(ds.var_ffn), ff_in=math.sqrt(ds.var_ffn),
@@ -194,12 +199,9 @@ def recommend(spec: Spec, rho_max: float = 0.99, k: float = 2.0, alpha_mlp: bool
     taus = G.balancing_tau(t.att_q, t.att_p / t.att_q, spec.seq_len, spec.d_model)
     tau = float(np.median(taus))
     tau_beta = tau / math.sqrt(math.log(spec.seq_len))
-    ds = dslm_init(spec.layers, spec.d_model, spec.dropout, k=k, r0=input_correlation(spec),
-                   n_embeddings=len(spec.embeddings), post_ln=spec.norm == "post", d_ff=spec.d_ff)
-    dss = dslm_init(spec.layers, spec.d_model, spec.dropout, k=k, r0=input_correlation(spec),
-                    n_embeddings=len(spec.embeddings), post_ln=spec.norm == "post", simplified=True, d_ff=spec.d_ff)
+    ds, dss = dslm(spec, k), dslm(spec, k, simplified=True)
     recipes = [Recipe("as-given", "the spec unchanged", spec.source or "", spec), critical,
-               recipe_deepscalelm(spec, k), recipe_deepscalelm(spec, k, simplified=True), recipe_gpt2(spec),
+               recipe_deepscalelm(spec, ds), recipe_deepscalelm(spec, dss), recipe_gpt2(spec),
                recipe_deepnorm(spec), recipe_tfixup(spec), recipe_admin(spec)]
     rows = [_summary(r) for r in recipes]
     patched, chosen = _patched(recipes, rows)
