@@ -93,11 +93,29 @@ def causal_summary(spec, ct) -> dict | None:
     return out
 
 
-def diagnose(spec, trace: Trace, ct=None) -> list[Finding]:
+@dataclass
+class Analysis:
+    """Everything the findings and the report are built from, computed once."""
+
+    trace: Trace
+    ct: object  # the position-resolved causal trace, or None
+    growth: dict
+    width: dict | None
+    qk: np.ndarray  # Result 2's scaled Q gradient per block
+    ratio: np.ndarray  # Noci's Q/K-to-V gradient ratio per block
+
+
+def analyse(spec, trace: Trace | None = None) -> Analysis:
+    """The engine's trace of the spec (or a given one, e.g. a recipe's per-layer run) and what derives from it."""
+    trace = run_spec(spec) if trace is None else trace
+    return Analysis(trace, causal_trace(spec), growth(spec, trace), width(spec, trace), *qk_laws(spec, trace))
+
+
+def diagnose(spec, a: Analysis) -> list[Finding]:
     """Findings for one spec; `layer` is the stream index (0 = input, i = after block i).
 
-    For causal models (ct: the position-resolved trace) collapse is judged on the late third of positions,
-    where it sets in first (001 C.6)."""
+    For causal models collapse is judged on the late third of positions, where it sets in first (001 C.6)."""
+    trace, ct = a.trace, a.ct
     th = spec.thresholds
     out: list[Finding] = []
     rho = trace.rho if ct is None else ct.rho_thirds[:, 2]
@@ -124,7 +142,7 @@ def diagnose(spec, trace: Trace, ct=None) -> list[Finding]:
         out.append(finding("IA202", f"beta {trace.beta[worst]:.3f} is in [beta_c/2, beta_c) = "
                                     f"[{trace.beta_c[worst] / 2:.3f}, {trace.beta_c[worst]:.3f}) at block "
                                     f"{worst + 1}", worst + 1))
-    law = growth(spec, trace)["gradient"]
+    law = a.growth["gradient"]
     end = law["blocks"]
     how = {"hyperbolic": lambda: f"hyperbolic, exponent {law['exponent']:.2f}",
            "exponential": lambda: f"exponential, factor {law['per_layer_factor']:.4f} per layer"}
@@ -135,7 +153,7 @@ def diagnose(spec, trace: Trace, ct=None) -> list[Finding]:
     elif end < th["grad_vanish"]:
         out.append(finding("IA302", f"gradient second moment shrinks to {end:.3g} of its top value at "
                                     f"block 1 ({desc}) < {th['grad_vanish']:g}", 1))
-    qk, ratio = qk_laws(spec, trace)
+    ratio = a.ratio
     worst = int(np.argmin(ratio))
     if ratio[worst] < th["qk_grad_ratio_min"]:
         out.append(finding("IA303", f"Q/K-to-V gradient ratio {ratio[worst]:.2e} < {th['qk_grad_ratio_min']:g} "
@@ -145,7 +163,7 @@ def diagnose(spec, trace: Trace, ct=None) -> list[Finding]:
         out.append(finding("IA304", f"block 1 attends uniformly (IPR {trace.y2[0]:.2e}): Result 2's Q/K gradient "
                                     f"factor E tr(M^2) = {G.jacobian_trace(trace.y2[0], trace.y3[0], x[0]):.2e} "
                                     f"(at most 1/12, reached at beta = 2 beta_c)", 1))
-    w = width(spec, trace)
+    w = a.width
     if w and w["collapsed"]:
         out.append(finding("IA401", f"one attention layer's output has stable rank {w['stable_rank']:.3g} at "
                                     f"T = {w['seq_len']} against {w['stable_rank_centered']:.3g} with centered "
@@ -173,11 +191,11 @@ def _f(x) -> float:
     return float(f"{float(x):.6g}")
 
 
-def layer_rows(spec, trace: Trace, ct=None) -> list[dict]:
+def layer_rows(a: Analysis) -> list[dict]:
     """Per-layer rows; for causal models q, p, rho are the position-resolved averages over all tokens."""
     rows = []
+    trace, ct, qk, ratio = a.trace, a.ct, a.qk, a.ratio
     phases = phase(trace.beta, trace.beta_c)
-    qk, ratio = qk_laws(spec, trace)
     if ct is None:
         q, rho = trace.q, trace.rho
     else:
@@ -195,9 +213,8 @@ def layer_rows(spec, trace: Trace, ct=None) -> list[dict]:
 
 def check(spec, fail_on: str = "error", chosen=None, ignored=None) -> dict:
     """Run the engine on a spec and build the `initadvisor.check/1` report (select/ignore: CLI, else spec)."""
-    trace = run_spec(spec)
-    ct = causal_trace(spec)
-    findings = select(diagnose(spec, trace, ct), spec.select if chosen is None else chosen,
+    a = analyse(spec)
+    findings = select(diagnose(spec, a), spec.select if chosen is None else chosen,
                       spec.ignore if ignored is None else ignored)
     return {
         "schema": "initadvisor.check/1",
@@ -205,10 +222,10 @@ def check(spec, fail_on: str = "error", chosen=None, ignored=None) -> dict:
         "spec": spec.to_dict(),
         "verdict": verdict(findings, fail_on),
         "findings": [asdict(f) for f in findings],
-        "growth": _clean(growth(spec, trace)),
-        "width": width(spec, trace),
-        "causal": causal_summary(spec, ct),
-        "layers": layer_rows(spec, trace, ct),
+        "growth": _clean(a.growth),
+        "width": a.width,
+        "causal": causal_summary(spec, a.ct),
+        "layers": layer_rows(a),
     }
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from initadvisor.core import gradients as G
 from initadvisor.core.deepscalelm import dslm_init
 from initadvisor.core.model import Trace, block_params, input_correlation, input_moments, propagate
-from initadvisor.diagnose import diagnose, verdict
+from initadvisor.diagnose import analyse, diagnose, verdict
 from initadvisor.init_code import render, residual_instructions
 from initadvisor.spec import MatrixInit, Residual, Spec, build_spec
 
@@ -171,14 +171,13 @@ def recipe_admin(spec: Spec) -> Recipe:
 
 
 def _summary(r: Recipe) -> dict:
-    t = r.run()
-    findings = diagnose(r.spec, t)
-    ratio = float(np.max(t.beta / t.beta_c))
-    law = G.gradient_growth(t.grad_q, t.q, r.spec.norm)
+    a = analyse(r.spec, r.run())
+    t, law = a.trace, a.growth["gradient"]
+    findings = diagnose(r.spec, a)
     return {"name": r.name, "formula": r.formula, "source": r.source, "final_rho": _f(t.rho[-1]),
-            "max_rho": _f(t.rho.max()), "worst_beta_ratio": _f(ratio), "grad_ratio": _f(law["end_to_end"]),
-            "grad_ratio_blocks": _f(law["blocks"]), "verdict": verdict(findings, "error"),
-            "findings": sorted({f.code for f in findings}), "notes": r.notes}
+            "max_rho": _f(t.rho.max()), "worst_beta_ratio": _f(np.max(t.beta / t.beta_c)),
+            "grad_ratio": _f(law["end_to_end"]), "grad_ratio_blocks": _f(law["blocks"]),
+            "verdict": verdict(findings, "error"), "findings": sorted({f.code for f in findings}), "notes": r.notes}
 
 
 def _f(x) -> float:
