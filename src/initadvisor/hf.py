@@ -318,12 +318,18 @@ def _seq(cfg: _Config, key: str, aliases: tuple[str, ...] = ()) -> int:
     return cfg.get(key, "posint", required=True, spec_key="sequence.length", aliases=aliases)
 
 
+def _shape(cfg: _Config) -> tuple[int, int, int, int]:
+    """Depth, width, heads and FFN width under the field names BERT-style, GPT-NeoX and Llama configs share."""
+    g = cfg.get
+    return (g("num_hidden_layers", "posint", required=True, spec_key="model.layers"),
+            g("hidden_size", "posint", required=True, spec_key="model.d_model"),
+            g("num_attention_heads", "posint", required=True, spec_key="model.heads"),
+            g("intermediate_size", "posint", required=True, spec_key="model.d_ff"))
+
+
 def _bert_like(cfg: _Config, mt: str, notes: list[str]) -> dict[str, Any]:
     g = cfg.get
-    layers = g("num_hidden_layers", "posint", required=True, spec_key="model.layers")
-    d = g("hidden_size", "posint", required=True, spec_key="model.d_model")
-    heads = g("num_attention_heads", "posint", required=True, spec_key="model.heads")
-    d_ff = g("intermediate_size", "posint", required=True, spec_key="model.d_ff")
+    layers, d, heads, d_ff = _shape(cfg)
     act = _activation(cfg, "hidden_act", "gelu", False, notes)
     causal = g("is_decoder", "bool", None, spec_key="model.causal") or False
     if causal:
@@ -445,10 +451,7 @@ def _gpt2(cfg: _Config, notes: list[str]) -> dict[str, Any]:
 
 def _gpt_neox(cfg: _Config, notes: list[str]) -> dict[str, Any]:
     g = cfg.get
-    layers = g("num_hidden_layers", "posint", required=True, spec_key="model.layers")
-    d = g("hidden_size", "posint", required=True, spec_key="model.d_model")
-    heads = g("num_attention_heads", "posint", required=True, spec_key="model.heads")
-    d_ff = g("intermediate_size", "posint", required=True, spec_key="model.d_ff")
+    layers, d, heads, d_ff = _shape(cfg)
     act = _activation(cfg, "hidden_act", "gelu", False, notes)
     parallel = g("use_parallel_residual", "bool", True, spec_key="model.parallel_residual")
     length = _seq(cfg, "max_position_embeddings")
@@ -467,12 +470,9 @@ def _gpt_neox(cfg: _Config, notes: list[str]) -> dict[str, Any]:
 
 def _llama_like(cfg: _Config, mt: str, notes: list[str]) -> dict[str, Any]:
     g = cfg.get
-    layers = g("num_hidden_layers", "posint", required=True, spec_key="model.layers")
-    d = g("hidden_size", "posint", required=True, spec_key="model.d_model")
-    heads = g("num_attention_heads", "posint", required=True, spec_key="model.heads")
+    layers, d, heads, d_ff = _shape(cfg)
     kv = g("num_key_value_heads", "posint", None, spec_key="model.kv_heads")
     kv = heads if kv is None else kv
-    d_ff = g("intermediate_size", "posint", required=True, spec_key="model.d_ff")
     act = _activation(cfg, "hidden_act", "silu", True, notes)
     length = _seq(cfg, "max_position_embeddings")
     vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
