@@ -1,4 +1,4 @@
-"""Wall time of `initadvisor verify` with its default settings (numpy backend, 3 seeds x 2 sequences).
+"""Wall time of `initadvisor verify` with its default settings (numpy backend, 8 seeds x 1 sequence).
 
 Usage: python benchmarks/verify_cost.py [SPEC ...]   (default: model_specs/bert-base.yaml, 12 x 768, T = 512)
 Target: under a minute on a 2-core CPU for a 12-layer, 768-wide, 512-token model.

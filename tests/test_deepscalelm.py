@@ -8,7 +8,7 @@ gradient of sum(out * G)), over a grid of settings like 004 Table 22 / digest §
 Error per setting, as in the authors' `calc_err`: variances |a - p| / |a|; means and covariances
 min(|a - p| / |a|, |a - p| / scale), scale = predicted std (mean) or predicted variance (covariance),
 i.e. a covariance error is at most its error in correlation units. We report 50/90/99th percentiles
-and assert the 90th is within 10%; `pytest -s` prints the table.
+and assert the 90th is within 10% (attention entries: see below); `pytest -s` prints the table.
 
 The exception is the attention input gradient, whose formula ignores the Q/K path (004 A.8, App. L.2;
 the paper's own SHA gradient error is [2.2, 13.3, 44.5] %). Measured here (fixed seeds, this grid):
@@ -18,8 +18,13 @@ the paper's own SHA gradient error is [2.2, 13.3, 44.5] %). Measured here (fixed
     Attention block        grad_var V-path  p50 4.2%  p90  8.2%  p99 10.9%
 With the Q/K contribution removed from the simulated backward ("V-path") the same formula is within
 10% at p90, so the excess is the omitted Q/K path; it matters most when r_g is small (the value-path
-gradient is then O(1/L)). We assert p50 <= 10% and p90 <= 25% (about twice the paper's p90; our L is
-128-256, not 300-1000) for the full gradient, and p90 <= 10% for the value path.
+gradient is then O(1/L)). We assert p50 <= 10% and p90 <= 30% for the full gradient (about twice the paper's
+p90; our L is 128-256, not 300-1000).
+Seed robustness (the grid and the Monte-Carlo draws both follow the seed): over 10 seeds the p90 of every
+Linear/activation/LayerNorm/dropout/softmax/FFN/embedding entry stayed below 4%, so their 10% bound is safe.
+The attention entries' p90 moves more (sd 1-2 points; the full gradient's 4-5): their bounds are about the
+mean + 3 sd of the p90 over those 10 seeds (ATTN_P90, and 30% for the full gradient), where 10% and 25%
+failed at 4 of 10 seeds (p90 up to 10.4%, 11.8% and 22.5%).
 At DeepScaleLM's own Q/K init (var 1/d, logit variance ~1), outside the paper's range, the forward
 still holds but the backward is off even on the value path (grad_var p90 ~71%, V-path ~43%): the
 attention is no longer near-uniform, which the backward formula assumes. Those rows are reported only.
@@ -37,6 +42,9 @@ from initadvisor.core import deepscalelm as ds  # noqa: E402
 from initadvisor.core.deepscalelm import Moments  # noqa: E402
 
 RESULTS: list[tuple[str, str, float, float, float]] = []
+ATTN_P90 = 0.12  # attention forward / covariance / value-path p90 bound: mean + 3 sd over 10 seeds is 8.1-12.3%
+ATTN_V_PATH_P90 = 0.14  # the attention block's value-path gradient: p90 mean 9.4%, sd 1.6% over 10 seeds
+GRAD_P90 = 0.30  # the full attention gradient (Q/K path omitted by the formula): p90 mean 12-14%, sd 4-5%
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -330,7 +338,7 @@ def test_single_head_attention_mc():
         errs.add_all(pred, _stats(out, 1), _stats(dx, 1))
         gv = _stats(dx_v, 1)
         errs.add("grad_var V-path", _rel(gv[1], float(pred.grad_var)))
-    errs.check("Single-head attention", loose={"grad_var": 0.25})
+    errs.check("Single-head attention", bound=ATTN_P90, loose={"grad_var": GRAD_P90})
 
 
 def _attention_block_errors(seed, n, qk):
@@ -362,7 +370,8 @@ def _attention_block_errors(seed, n, qk):
 
 def test_attention_block_mc():
     """Pre-LN attention block, 4 heads, Q/K std * sqrt(d) in the SHA.py range."""
-    _attention_block_errors(17, 30, (0.1, 0.245, 0.6)).check("Attention block", loose={"grad_var": 0.25})
+    _attention_block_errors(17, 30, (0.1, 0.245, 0.6)).check(
+        "Attention block", bound=ATTN_P90, loose={"grad_var": GRAD_P90, "grad_var V-path": ATTN_V_PATH_P90})
 
 
 def test_attention_block_dslm_qk_mc():
@@ -370,7 +379,7 @@ def test_attention_block_dslm_qk_mc():
     the forward holds; the backward does not (attention is no longer uniform and the Q/K path is
     large, digest §12), so the gradient errors are only reported."""
     errs = _attention_block_errors(21, 16, (1.0,))
-    errs.check("Attn block, DSLM QK", record_only=("grad_var", "grad_cov", "grad_var V-path"))
+    errs.check("Attn block, DSLM QK", bound=ATTN_P90, record_only=("grad_var", "grad_cov", "grad_var V-path"))
 
 
 def test_ffn_block_mc():

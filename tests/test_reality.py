@@ -25,8 +25,7 @@ import time
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")  # every test here measures a torch model (the nanoGPT classes below too)
 
 from initadvisor.core.model import run_spec  # noqa: E402
 from initadvisor.diagnose import check  # noqa: E402
@@ -38,7 +37,7 @@ Q_REL, GRAD_REL, RHO_POST, RHO_CAUSAL = 0.15, 0.15, 0.05, 0.06
 
 
 def _config(family: str):
-    t = transformers
+    t = pytest.importorskip("transformers")  # the HuggingFace families only; the nanoGPT test needs torch alone
     if family == "bert":  # post-LN encoder, GeLU, dropout 0.1 / attention dropout 0.1 (defaults)
         return t.BertConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
                             intermediate_size=4 * D, max_position_embeddings=T)
@@ -78,7 +77,8 @@ def _result(family: str, tmp_path_factory) -> dict:
             "rho_late": np.array(rep["causal"]["rho_late"]) if rep["causal"] else tr.rho}
     t0 = time.perf_counter()
     causal = spec.causal  # the IPR is compared for the encoder only (causal rows have t + 1 keys)
-    model = transformers.AutoModel.from_config(cfg, attn_implementation="sdpa" if causal else "eager")
+    model = pytest.importorskip("transformers").AutoModel.from_config(
+        cfg, attn_implementation="sdpa" if causal else "eager")
     m = measure(model, T, batch=BATCH, seeds=SEEDS, attentions=not causal)
     assert m["layers"] == L
     print(f"\n[{family}: measured in {time.perf_counter() - t0:.1f} s]")

@@ -12,7 +12,10 @@ from initadvisor.simulate import (
 )
 from initadvisor.spec import build_spec
 
-torch = pytest.importorskip("torch")
+try:  # a declared test dependency; without it only the autograd comparison is skipped, not the sanity facts
+    import torch
+except ImportError:
+    torch = None
 
 
 def make_spec(**kw):
@@ -149,6 +152,8 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_backward_matches_torch_autograd(case):
+    if torch is None:
+        pytest.importorskip("torch")
     spec = make_spec(**CASES[case])
     rng = np.random.default_rng(1)
     layers = init_network(spec, rng)
@@ -218,8 +223,11 @@ def test_uniform_attention_without_skip_makes_tokens_identical():
         "init": {"std": 0.125, "q": {"std": 1e-4}, "k": {"std": 1e-4}, "embedding": {"std": 1.0}},
         "residual": {"attention": {"skip": 0.0, "block": 1.0}, "mlp": {"skip": 1.0, "block": 0.0}},
     })
-    m = simulate(spec, seeds=3, batch=2)
-    assert isinstance(m, Measurement) and m.n == 6
+    # 8 seeds x 4 sequences: q after the V/O projections varies between seeds at d = 64 (random gains), q0 between
+    # sequences. Over 20 seeds the relative errors of q1 and q0 had standard deviations 5.8% and 1.0% (max 10%,
+    # 2.5%), so the 35% and 5% bounds are 5-6 of them; with 3 seeds x 2 sequences they failed at 3 of 12 seeds.
+    m = simulate(spec, seeds=8, batch=4)
+    assert isinstance(m, Measurement) and m.n == 32
     assert abs(m.rho[0] - rho0) < 5 * m.rho_se[0] + 0.02
     assert m.rho[1] > 0.9999
     assert m.y2[0] == pytest.approx(1 / 32, rel=1e-6)  # uniform rows: sum_s (1/T)^2 = 1/T

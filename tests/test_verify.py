@@ -27,17 +27,85 @@ def run(*args):
 def test_verify_cli_contract(tmp_path):
     f = tmp_path / "small.yaml"
     f.write_text(SMALL % ("post", "false"))
-    r = run("verify", f, "--format", "json", "--seeds", "3", "--plot", tmp_path / "v.png")
+    r = run("verify", f, "--format", "json", "--plot", tmp_path / "v.png")  # the defaults: 8 seeds x 1 sequence
     rep = json.loads(r.stdout)
     assert rep["schema"] == "initadvisor.verify/1" and rep["measurement"]["backend"] == "numpy"
+    assert (rep["measurement"]["seeds"], rep["measurement"]["batch"]) == (8, 1)
     assert r.returncode == (0 if rep["verdict"] == "pass" else 1)
-    assert rep["verdict"] == "pass", rep["max_error"]  # post-LN GeLU: theory within tolerance
+    assert rep["verdict"] == "pass", rep["reason"]  # post-LN GeLU: theory within tolerance, decided
     assert len(rep["layers"]) == 5 and set(rep["layers"][1]) >= {"rho", "q", "grad_q", "ipr"}
-    for key in ("theory", "measured", "se", "error", "ok"):
+    for key in ("theory", "measured", "se", "error", "ok", "z", "status"):
         assert key in rep["layers"][1]["rho"]
+    assert rep["z_crit"] == pytest.approx(2.3646, abs=1e-3)  # Student-t 97.5%, 7 degrees of freedom
+    assert set(rep["max_z"]) >= {"rho", "q", "grad_q"} and rep["seeds_suggested"] is None
+    assert rep["failed"] == {} and rep["inconclusive"] == {} and rep["reason"].startswith("every gated error")
     assert (tmp_path / "v.png").stat().st_size > 10_000
     table = run("verify", f, "--seeds", "2")
-    assert "rho theory" in table.stdout and table.returncode in (0, 1)
+    assert "rho theory" in table.stdout and " z " in table.stdout.splitlines()[1] and table.returncode in (0, 1)
+    one = run("verify", f, "--seeds", "1", "--format", "json")  # one seed: no standard error, so no decision
+    assert one.returncode == 1 and json.loads(one.stdout)["verdict"] == "inconclusive"
+
+
+class _Trace:
+    """A stand-in for the engine's trace: only the per-layer arrays `compare` reads."""
+
+    def __init__(self, L):
+        self.rho, self.q = np.full(L + 1, 0.3), np.ones(L + 1)
+        self.grad_q, self.grad_p = np.linspace(0.05, 1.0, L + 1), np.zeros(L + 1)
+        self.y2 = np.full(L, 0.01)
+
+
+def _measured(tr, seeds, grad_err=0.0, grad_se=0.01):
+    """A pooled measurement equal to the theory, except the gradient: theory / measured - 1 = grad_err at every
+    index below L, with relative standard error grad_se."""
+    L = len(tr.q) - 1
+    g = tr.grad_q / (1 + grad_err)
+    g[L] = 1.0
+    rel = np.full(L + 1, grad_se)
+    rel[L] = 0.0
+    return {"seeds": seeds, "rho": tr.rho.copy(), "rho_se": np.full(L + 1, 0.002), "q": tr.q.copy(),
+            "q_se": np.full(L + 1, 1e-4), "grad_q_norm": g, "grad_q_norm_se": rel * g,
+            "grad_p_norm": np.zeros(L + 1), "grad_p_norm_se": np.full(L + 1, 1e-3)}
+
+
+def test_gate_does_not_widen_the_tolerance_by_the_noise():
+    """Issue: a 36% early-layer gradient error passed rtol 0.15 because the gate allowed 2 SE on top. Now a
+    layer passes only when |error| + z_crit SE <= rtol, fails when |error| - z_crit SE > rtol, and is
+    inconclusive in between (with a seed count that would decide it)."""
+    from initadvisor.verify import compare, z_crit
+
+    spec = parse_spec(SMALL % ("post", "false"))
+    tr = _Trace(spec.layers)
+    noisy = compare(spec, tr, _measured(tr, 3, grad_err=0.36, grad_se=0.12))  # old rule: 0.36 <= 0.15 + 0.24: pass
+    assert noisy["verdict"] == "inconclusive" and noisy["inconclusive"] == {"grad_q": [0, 1, 2, 3]}
+    row = noisy["layers"][0]["grad_q"]
+    assert row["status"] == "inconclusive" and not row["ok"]
+    assert row["z"] == pytest.approx(0.36 / (1.36 * 0.12), rel=1e-3)  # error / (its SE by the delta method)
+    assert noisy["seeds_suggested"] > 3 and "seeds" in noisy["reason"]
+    sure = compare(spec, tr, _measured(tr, 20, grad_err=0.36, grad_se=0.03))
+    assert sure["verdict"] == "fail" and sure["failed"] == {"grad_q": [0, 1, 2, 3]}
+    assert sure["max_z"]["grad_q"] == pytest.approx(0.36 / (1.36 * 0.03), rel=1e-3)
+    ok = compare(spec, tr, _measured(tr, 8, grad_err=0.05, grad_se=0.02))
+    assert ok["verdict"] == "pass" and ok["layers"][1]["grad_q"]["status"] == "pass"
+    edge = compare(spec, tr, _measured(tr, 8, grad_err=0.12, grad_se=0.02))  # 0.12 + 2.36 x 0.02 > 0.15
+    assert edge["verdict"] == "inconclusive" and z_crit(8) == pytest.approx(2.3646, abs=1e-3)
+
+
+def test_pool_seeds_takes_the_seed_as_the_unit():
+    """Means as over all sequences; standard errors over seeds: two identical sequences per seed add nothing."""
+    from initadvisor.simulate import mean_se, ratio_se
+    from initadvisor.verify import pool_seeds
+
+    rng = np.random.default_rng(3)
+    per = [{"q": 1 + 0.1 * rng.random(4), "p": 0.3 * rng.random(4), "grad_q": rng.random(4) + 0.5,
+            "grad_p": 0.01 * rng.random(4), "y2": 0.01 * rng.random(3)} for _ in range(5)]
+    m = pool_seeds(per)
+    q = np.stack([r["q"] for r in per])
+    p = np.stack([r["p"] for r in per])
+    np.testing.assert_allclose(m["rho"], p.mean(0) / q.mean(0))
+    np.testing.assert_allclose(m["rho_se"], ratio_se(p, q)[1])
+    np.testing.assert_allclose(m["q_se"], mean_se(q)[1])
+    assert m["seeds"] == 5 and m["grad_q_norm"][-1] == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("norm,causal", [("post", "false"), ("pre", "true")])
@@ -86,3 +154,73 @@ def test_apply_initialises_a_real_model_with_a_recommendation():
     for c in changes:
         if c["role"] in ("o", "ff_in", "ff_out"):
             assert c["std_after"] == pytest.approx(want[c["role"]]["std"], rel=0.08)
+
+
+def _hf_model(cfg_path, seed):
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    return transformers.AutoModel.from_config(transformers.AutoConfig.from_pretrained(cfg_path.parent))
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2", "gpt_neox", "llama"])
+def test_apply_draws_what_the_snippet_draws(family):
+    """`apply` (numbers only) and the pasted `init_weights` snippet (executed here, in the test only) give the
+    same modules, roles and weights: the same random draws in the same order under the same seed. A bias std
+    is set on ff_in so that the bias branch is exercised too."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from initadvisor.hf import import_config
+    from initadvisor.init_code import render
+    from initadvisor.recommend import recommend
+    from initadvisor.spec import build_spec
+    from initadvisor.torch import apply
+
+    cfg = ROOT / "tests" / "data" / "hf" / family / "config.json"
+    rep = json.loads(json.dumps(recommend(import_config(cfg)[0])))  # as read back from a JSON file
+    rep["patched_spec"]["init"]["ff_in"]["bias_std"] = 0.01
+    rep["init_weights"] = render(build_spec(rep["patched_spec"]))
+    a, b = _hf_model(cfg, 0), _hf_model(cfg, 0)
+    torch.manual_seed(1)
+    changes = apply(a, rep)
+    ns: dict = {}
+    exec(rep["init_weights"], ns)
+    torch.manual_seed(1)
+    done = ns["init_weights"](b)
+    assert {c["module"]: c["role"] for c in changes} == done and "ff_in" in done.values()
+    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
+    assert pa.keys() == pb.keys()
+    for name in pa:
+        assert torch.equal(pa[name], pb[name]), name
+    stds = {n: float(m.weight.detach().std()) for n, m in b.named_modules() if n in done}
+    assert {c["module"]: c["std_after"] for c in changes} == pytest.approx(stds, rel=1e-6)
+
+
+def test_apply_does_not_execute_code_from_the_json(tmp_path):
+    """A recommendation JSON whose `init_weights` (or a number field) carries code: nothing runs."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from initadvisor.hf import import_config
+    from initadvisor.recommend import recommend
+    from initadvisor.spec import SpecError
+    from initadvisor.torch import apply
+
+    cfg = ROOT / "tests" / "data" / "hf" / "gpt2" / "config.json"
+    marker = tmp_path / "pwned"
+    payload = f"open({str(marker)!r}, 'w').write('pwned')\n"
+    rep = recommend(import_config(cfg)[0])
+    rep["init_weights"] = payload + "def init_weights(model, heads=1):\n    " + payload + "    return {}\n"
+    f = tmp_path / "rec.json"
+    f.write_text(json.dumps(rep))
+    changes = apply(_hf_model(cfg, 0), json.loads(f.read_text()))
+    assert not marker.exists()
+    assert {"qkv", "o", "ff_in", "ff_out"} <= {c["role"] for c in changes}  # the numbers were applied
+    bad = json.loads(f.read_text())
+    bad["patched_spec"]["init"]["q"]["std"] = f"__import__('os').system('touch {marker}')"
+    with pytest.raises(SpecError):
+        apply(_hf_model(cfg, 0), bad)
+    assert not marker.exists()
+    with pytest.raises(ValueError, match="patched_spec"):
+        apply(_hf_model(cfg, 0), {"init_weights": payload})
+    assert not marker.exists()

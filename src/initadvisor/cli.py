@@ -10,7 +10,8 @@ from typing import Optional
 
 import typer
 
-from initadvisor.spec import SpecError
+from initadvisor.files import FIGURES, check_output, write_output
+from initadvisor.spec import SpecError, one_line
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Predict rank collapse, entropy collapse and gradient growth of a transformer at "
@@ -58,6 +59,7 @@ def load(path: Path, seq_len: int | None = None, input_correlation: float | None
     from dataclasses import replace
 
     notes: list[str] = []
+    check_seq_len(seq_len)
     project = project_config() if project is None else project
     if is_hf_config(path):
         from initadvisor.hf import import_config
@@ -74,6 +76,15 @@ def load(path: Path, seq_len: int | None = None, input_correlation: float | None
     except SpecError as e:
         raise SpecError(e.message, "command line", None, {"sequence.length": "--seq-len", "dropout": "--dropout",
                         "sequence.input_correlation": "--input-correlation"}.get(e.key or "", e.key)) from None
+
+
+def check_seq_len(seq_len: int | None) -> None:
+    """--seq-len within the spec's own range, named as the option (not as the file's key)."""
+    from initadvisor.spec import MAX_INT
+
+    top = MAX_INT["sequence.length"]
+    if seq_len is not None and not 2 <= seq_len <= top:
+        raise SpecError(f"must be in [2, {top}], got {seq_len}", "command line", None, "--seq-len")
 
 
 def emit_json(obj) -> None:
@@ -124,11 +135,13 @@ def check(
     project = project_config()
     gate = fail_on.value if fail_on is not None else (project.get("fail_on") or "error")
     chosen, ignored = codes(select), codes(ignore)
+    if plot is not None:
+        check_output(plot, "--plot", FIGURES)
     reports = []
     for path in specs:
         s, notes = load(path, seq_len, input_correlation, dropout, project)
         report = run_check(s, gate, chosen, ignored)
-        report["notes"] = notes
+        report["notes"] = notes + report["notes"]
         reports.append((str(path), report, s))
     if plot is not None:
         from initadvisor.plots import save_profiles
@@ -196,15 +209,17 @@ def recommend(
     """Solve for beta_c, alpha_c, tau and DeepScaleLM's variances; compare init recipes; patch the spec."""
     from initadvisor.recommend import recommend as run
 
+    if out is not None:
+        check_output(out, "--out")
     s, notes = load(spec, seq_len)
-    if k <= 0:
-        raise SpecError(f"must be positive, got {k}", "command line", None, "--k")
+    if not 1e-6 <= k <= 1e6:
+        raise SpecError(f"must be in [1e-6, 1e6], got {k}", "command line", None, "--k")
     rep = run(s, rho_max=rho_max, k=k, alpha_mlp=alpha_mlp)
     rep["notes"] = notes
     patched = spec_yaml(rep["patched_spec"], f"# initadvisor recommend: {rep['patched_recipe']} recipe applied "
                                              f"to {spec}\n")
     if out is not None:
-        out.write_text(patched)
+        write_output(out, patched, "--out")
     if format is RecommendFormat.yaml:
         sys.stdout.write(patched)
     else:
@@ -223,11 +238,13 @@ def verify(
     spec: Path = typer.Argument(..., help="YAML model spec (or HuggingFace config.json)."),
     backend: Backend = typer.Option(Backend.numpy, "--backend", help="numpy, or torch (needs PyTorch)."),
     device: str = typer.Option("cpu", "--device", help="Torch device, e.g. cuda (torch backend)."),
-    seeds: int = typer.Option(3, "--seeds", min=1, max=1000, help="Independent initialisations."),
-    batch: int = typer.Option(2, "--batch", min=1, max=1000, help="Random sequences per initialisation."),
+    seeds: int = typer.Option(8, "--seeds", min=1, max=1000,
+                              help="Independent initialisations (the unit of the standard errors)."),
+    batch: int = typer.Option(1, "--batch", min=1, max=1000, help="Random sequences per initialisation."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Override sequence.length."),
-    tol: float = typer.Option(0.05, "--tol", min=0.0, help="Allowed |rho error| per layer."),
-    rtol: float = typer.Option(0.15, "--rtol", min=0.0, help="Allowed relative error of q and grad_q per layer."),
+    tol: float = typer.Option(0.05, "--tol", min=0.0, max=2.0, help="Allowed |rho error| per layer."),
+    rtol: float = typer.Option(0.15, "--rtol", min=0.0, max=100.0,
+                               help="Allowed relative error of q and grad_q per layer."),
     format: CheckFormat = typer.Option(CheckFormat.table, "--format", help="Output format."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Save theory vs measurement as PNG/SVG (matplotlib)."),
 ) -> None:
@@ -237,21 +254,29 @@ def verify(
     from initadvisor.core.model import run_spec
     from initadvisor.verify import compare
 
+    if plot is not None:
+        check_output(plot, "--plot", FIGURES)
     s, notes = load(spec, seq_len)
+    from initadvisor.simulate import check_memory
+
+    check_memory(s, batch, 4, tables=backend is Backend.torch)  # float32 on either backend: refuse before allocating
     t0 = time.perf_counter()
     if backend is Backend.torch:
-        m = measure_torch(spec, s, seeds, batch, device)
+        per_seed = measure_torch(spec, s, seeds, batch, device)["per_seed"]
     else:
         import numpy as np
 
         from initadvisor.simulate import simulate
 
-        m = simulate(s, seeds=seeds, batch=batch, dtype=np.float32, weight_grads=False)
+        per_seed = [simulate(s, seeds=1, batch=batch, rng_seed=k, dtype=np.float32, weight_grads=False)
+                    for k in range(seeds)]
     from initadvisor.diagnose import causal_trace
+    from initadvisor.verify import pool_seeds
 
     ct = causal_trace(s)  # causal models: compare with the position-resolved averages over all tokens
     resolved = None if ct is None else {"rho": ct.rho_mean, "q": ct.q.mean(axis=1), "ipr": ct.y2.mean(axis=1)}
-    rep = compare(s, run_spec(s), m, tol=tol, rtol=rtol, theory=resolved)
+    # standard errors over seeds: the sequences of one initialisation share its weights (see pool_seeds)
+    rep = compare(s, run_spec(s), pool_seeds(per_seed), tol=tol, rtol=rtol, theory=resolved)
     rep["measurement"] = {"backend": backend.value, "seeds": seeds, "batch": batch,
                           "seconds": round(time.perf_counter() - t0, 2)}
     rep["notes"] = notes
@@ -307,6 +332,9 @@ def diagram(
     """Trainability diagram (001 Fig. 1c): rank collapse, entropy collapse or trainable over a grid."""
     from initadvisor.diagram import diagram as run, render_diagram
 
+    for path, option in ((png, "--png"), (svg, "--svg")):
+        if path is not None:
+            check_output(path, option, FIGURES)
     s, _ = load(spec)
     res = run(s, x=x.value, y=y.value, grid=grid, x_range=x_range, y_range=y_range)
     for path in (png, svg):
@@ -326,6 +354,7 @@ def plot(
     from initadvisor.diagnose import check as run_check
     from initadvisor.plots import save_profiles
 
+    check_output(png, "--png", FIGURES)
     s, _ = load(spec)
     save_profiles(run_check(s), png)
     sys.stdout.write(f"wrote {png}\n")
@@ -333,7 +362,7 @@ def plot(
 
 @app.command()
 def rules() -> None:
-    """List every rule: code, severity, name, title and threshold."""
+    """List every rule: code, severity, name, when it fires and its threshold."""
     from rich.console import Console
     from rich.table import Table
 
@@ -349,7 +378,7 @@ def rules() -> None:
 
 @app.command()
 def explain(code: str = typer.Argument(..., help="A rule code (IA101) or name (rank-collapse).")) -> None:
-    """Print one rule: what it means, the formula and paper, the threshold and how to fix it."""
+    """Print one rule: what it means, formula, paper, threshold, fix, and a failing and a fixed example."""
     from initadvisor.formats import rule_text
 
     sys.stdout.write(rule_text(code))
@@ -361,15 +390,35 @@ def import_(
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Sequence length [max_position_embeddings]."),
 ) -> None:
     """Write the YAML spec equivalent to a HuggingFace config.json on stdout."""
-    from initadvisor.hf import read_hf_config, to_yaml
+    from initadvisor.hf import import_config, read_hf_config, to_yaml
 
+    check_seq_len(seq_len)
+    import_config(config, seq_len)  # refuse here what `check` would refuse, naming the config field
     data, notes = read_hf_config(config, seq_len)
     sys.stdout.write(to_yaml(data, notes, source=str(config)))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI: usage and input errors are one line on stderr with exit code 2, never a traceback."""
+    import os
+    import warnings
+
+    warnings.filterwarnings("ignore", category=RuntimeWarning)  # overflow in the engine: reports say so instead
     try:
-        app()  # standalone: usage errors exit 2, typer.Exit carries the gate's code
+        code = typer.main.get_command(app).main(args=argv, prog_name="initadvisor", standalone_mode=False)
     except SpecError as e:
-        sys.stderr.write(f"initadvisor: error: {e}\n")  # SpecError text is one printable line
-        sys.exit(2)
+        _fail(str(e), 2)  # SpecError text is one printable line
+    except typer.Abort:
+        _fail("aborted", 130)
+    except Exception as e:  # noqa: BLE001
+        if callable(getattr(e, "format_message", None)):  # click's usage errors (typer may vendor click)
+            _fail(one_line(e.format_message()), 2)
+        if os.environ.get("INITADVISOR_DEBUG"):  # a defect: still one line; the variable shows the traceback
+            raise
+        _fail(one_line(f"internal error, please report: {type(e).__name__}: {e}"), 3)
+    sys.exit(code or 0)
+
+
+def _fail(message: str, code: int) -> None:
+    sys.stderr.write(f"initadvisor: error: {message}\n")
+    sys.exit(code)

@@ -10,6 +10,7 @@ from typing import Any
 from initadvisor.spec import THRESHOLD_RANGE, THRESHOLDS, SpecError, check_codes
 
 KEYS = ("select", "ignore", "fail-on", "thresholds")
+MAX_BYTES = 1 << 20  # a pyproject.toml is a few kB
 
 
 def find_pyproject(start: Path) -> Path | None:
@@ -36,14 +37,22 @@ def load_project(start: Path | None = None) -> dict[str, Any]:
         import tomllib
     else:  # pragma: no cover
         import tomli as tomllib
-    text = f.read_text(encoding="utf-8", errors="replace")
+    from initadvisor.files import read_bounded
+
+    text = read_bounded(f, MAX_BYTES, "pyproject.toml").decode("utf-8", errors="replace")
     try:
-        table = tomllib.loads(text).get("tool", {}).get("initadvisor", {})
+        tool = tomllib.loads(text).get("tool", {})
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"malformed TOML: {e}", str(f)) from None
 
     def bad(msg: str, key: str) -> SpecError:
-        return SpecError(msg, str(f), _line(text, key.split(".")[-1]), f"tool.initadvisor.{key}")
+        return SpecError(msg, str(f), _line(text, key.split(".")[-1] or "initadvisor"), f"tool.initadvisor.{key}".rstrip("."))
+
+    if not isinstance(tool, dict):
+        raise SpecError("expected a table", str(f), _line(text, "tool"), "tool")
+    table = tool.get("initadvisor", {})
+    if not isinstance(table, dict):
+        raise bad("expected a table", "")
 
     for key, value in table.items():
         if key not in KEYS:

@@ -10,29 +10,20 @@ from initadvisor import __version__
 from initadvisor.core import gradients as G
 from initadvisor.core.attention import phase
 from initadvisor.core.model import Trace, block_params, run_spec
-from initadvisor.rules import RULES
-
-
-@dataclass(frozen=True)
-class Finding:
-    code: str
-    severity: str
-    message: str
-    layer: int | None
-    source: str
-
-
-def finding(code: str, message: str, layer: int | None = None) -> Finding:
-    r = RULES[code]
-    return Finding(code, r.severity, message, layer, r.source)
+from initadvisor.numbers import clean, overflow_findings
+from initadvisor.rules import RULES, Finding, finding  # noqa: F401  (Finding, finding: re-exported)
 
 
 def qk_laws(spec, trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     """Per block: Result 2's scaled Q gradient and Noci's Q/K-to-V gradient ratio at the attention input."""
     P = block_params(spec)
     q, p = trace.att_q, trace.att_p
-    qk = G.qk_grad(trace.beta, P.g_v * P.g_o, q, p, trace.y2, trace.y3, trace.beta_c)
-    tau2 = trace.beta**2 * np.log(spec.seq_len)  # score variance for unit inputs (Noci's tau^2)
+    g_q, g_k = spec.gain("q"), spec.gain("k")
+    # dL/dW_Q carries W_K: with unequal Q/K stds the product beta ~ s_Q s_K takes a factor s_K / s_Q
+    qk = G.qk_grad(trace.beta, P.g_v * P.g_o, q, p, trace.y2, trace.y3, trace.beta_c) * np.sqrt(g_k / g_q)
+    # Noci's tau^2 (one std for all matrices) is g_Q g_K scale^2 d_head = beta^2 ln T; the Q/K gradients carry
+    # the value gain in place of the other Q/K gain: tau^2 = g_V (g_Q + g_K) / 2 scale^2 d_head
+    tau2 = trace.beta**2 * np.log(spec.seq_len) * P.g_v * (g_q + g_k) / (2 * g_q * g_k)
     ratio = G.qk_to_v_grad_ratio(tau2, q, p / q, spec.seq_len, spec.d_model)
     return qk, ratio
 
@@ -64,13 +55,28 @@ def growth(spec, trace: Trace) -> dict:
     return {"forward": G.forward_growth(trace.q), "gradient": G.gradient_growth(trace.grad_q, trace.q, spec.norm)}
 
 
+CAUSAL_CELLS = 10**7  # the position-resolved engine keeps (layers + 1) x T arrays: about 240 MB at this size
+
+
 def causal_trace(spec):
-    """The position-resolved prediction for causal models (None otherwise)."""
-    if not spec.causal:
+    """The position-resolved prediction for causal models (None otherwise, or beyond CAUSAL_CELLS)."""
+    if not spec.causal or not resolvable(spec):
         return None
     from initadvisor.core.causal import propagate_causal
 
     return propagate_causal(spec)
+
+
+def resolvable(spec) -> bool:
+    return (spec.layers + 1) * spec.seq_len <= CAUSAL_CELLS
+
+
+def notes(spec) -> list[str]:
+    """What the analysis left out for this spec."""
+    if spec.causal and not resolvable(spec):
+        return [f"causal: (layers + 1) x T = {(spec.layers + 1) * spec.seq_len:.3g} exceeds {CAUSAL_CELLS:.0e} "
+                "positions x layers: the position-resolved prediction is skipped, rows use the late-token pair"]
+    return []
 
 
 def causal_summary(spec, ct) -> dict | None:
@@ -112,68 +118,8 @@ def analyse(spec, trace: Trace | None = None) -> Analysis:
 
 
 def diagnose(spec, a: Analysis) -> list[Finding]:
-    """Findings for one spec; `layer` is the stream index (0 = input, i = after block i).
-
-    For causal models collapse is judged on the late third of positions, where it sets in first (001 C.6)."""
-    trace, ct = a.trace, a.ct
-    th = spec.thresholds
-    out: list[Finding] = []
-    rho = trace.rho if ct is None else ct.rho_thirds[:, 2]
-    hit = np.flatnonzero(rho >= th["rank_collapse_rho"])
-    if hit.size:
-        k = int(hit[0])
-        out.append(finding("IA101", f"rho reaches {rho[k]:.4f} >= {th['rank_collapse_rho']} at layer {k} "
-                                    f"of {spec.layers} (final rho {rho[-1]:.4f})", k))
-    elif rho[-1] >= th["collapse_trend_rho"]:
-        out.append(finding("IA102", f"final rho {rho[-1]:.4f} >= {th['collapse_trend_rho']} "
-                                    f"(rho rises from {rho[0]:.3f} at the input)", spec.layers))
-    grow = float(trace.q[-1] / trace.q[min(1, spec.layers)])
-    lim = th["forward_ratio_max"]
-    if not 1 / lim <= grow <= lim:
-        out.append(finding("IA103", f"forward variance changes {grow:.3g}x from block 1 to block {spec.layers} "
-                                    f"(outside [{1 / lim:g}, {lim:g}])", spec.layers))
-    x = trace.beta / trace.beta_c
-    worst = int(np.argmax(x))
-    if x[worst] >= 1.0:
-        out.append(finding("IA201", f"beta {trace.beta[worst]:.3f} >= beta_c {trace.beta_c[worst]:.3f} at block "
-                                    f"{worst + 1} (IPR Y2 {trace.y2[worst]:.3f}; {int((x >= 1).sum())} of "
-                                    f"{spec.layers} blocks localized)", worst + 1))
-    elif x[worst] >= 0.5:
-        out.append(finding("IA202", f"beta {trace.beta[worst]:.3f} is in [beta_c/2, beta_c) = "
-                                    f"[{trace.beta_c[worst] / 2:.3f}, {trace.beta_c[worst]:.3f}) at block "
-                                    f"{worst + 1}", worst + 1))
-    law = a.growth["gradient"]
-    end = law["blocks"]
-    how = {"hyperbolic": lambda: f"hyperbolic, exponent {law['exponent']:.2f}",
-           "exponential": lambda: f"exponential, factor {law['per_layer_factor']:.4f} per layer"}
-    desc = how[law["law"]]() if law["law"] in how else law["law"]
-    if end > th["grad_explode"]:
-        out.append(finding("IA301", f"gradient second moment grows {end:.3g}x from block {spec.layers} to block 1 "
-                                    f"({desc}) > {th['grad_explode']:g}", 1))
-    elif end < th["grad_vanish"]:
-        out.append(finding("IA302", f"gradient second moment shrinks to {end:.3g} of its top value at "
-                                    f"block 1 ({desc}) < {th['grad_vanish']:g}", 1))
-    ratio = a.ratio
-    worst = int(np.argmin(ratio))
-    if ratio[worst] < th["qk_grad_ratio_min"]:
-        out.append(finding("IA303", f"Q/K-to-V gradient ratio {ratio[worst]:.2e} < {th['qk_grad_ratio_min']:g} "
-                                    f"at block {worst + 1} (rho {trace.att_p[worst] / trace.att_q[worst]:.3f} "
-                                    f"at its input)", worst + 1))
-    if x[0] < 0.5:
-        out.append(finding("IA304", f"block 1 attends uniformly (IPR {trace.y2[0]:.2e}): Result 2's Q/K gradient "
-                                    f"factor E tr(M^2) = {G.jacobian_trace(trace.y2[0], trace.y3[0], x[0]):.2e} "
-                                    f"(at most 1/12, reached at beta = 2 beta_c)", 1))
-    w = a.width
-    if w and w["collapsed"]:
-        out.append(finding("IA401", f"one attention layer's output has stable rank {w['stable_rank']:.3g} at "
-                                    f"T = {w['seq_len']} against {w['stable_rank_centered']:.3g} with centered "
-                                    f"attention (spectral gap sigma1/sigma2 = {w['gap_ratio']:.3g})", 1))
-    if ct is not None:
-        e, m, late = ct.rho_thirds[-1]
-        out.append(finding("IA901", f"causal attention, position-resolved: final rho {e:.3f} / {m:.3f} / "
-                                    f"{late:.3f} for early / middle / late tokens (mean {ct.rho_mean[-1]:.3f}); "
-                                    "attention phase and gradients from the late-token pair (001 C.6)"))
-    return out
+    """Findings for one spec: every rule's check, in registry order (initadvisor.rules)."""
+    return [f for rule in RULES.values() for f in rule.check(spec, a)]
 
 
 def select(findings: list[Finding], chosen=(), ignored=()) -> list[Finding]:
@@ -212,9 +158,13 @@ def layer_rows(a: Analysis) -> list[dict]:
 
 
 def check(spec, fail_on: str = "error", chosen=None, ignored=None) -> dict:
-    """Run the engine on a spec and build the `initadvisor.check/1` report (select/ignore: CLI, else spec)."""
+    """Run the engine on a spec and build the `initadvisor.check/1` report (select/ignore: CLI, else spec).
+
+    Values the engine cannot resolve (overflowed, underflowed) are null, each quantity named by an IA104."""
     a = analyse(spec)
-    findings = select(diagnose(spec, a), spec.select if chosen is None else chosen,
+    body, bad = clean({"growth": _clean(a.growth), "width": a.width, "causal": causal_summary(spec, a.ct),
+                       "layers": layer_rows(a)})
+    findings = select(diagnose(spec, a) + overflow_findings(bad), spec.select if chosen is None else chosen,
                       spec.ignore if ignored is None else ignored)
     return {
         "schema": "initadvisor.check/1",
@@ -222,10 +172,8 @@ def check(spec, fail_on: str = "error", chosen=None, ignored=None) -> dict:
         "spec": spec.to_dict(),
         "verdict": verdict(findings, fail_on),
         "findings": [asdict(f) for f in findings],
-        "growth": _clean(a.growth),
-        "width": a.width,
-        "causal": causal_summary(spec, a.ct),
-        "layers": layer_rows(a),
+        **body,
+        "notes": notes(spec),
     }
 
 

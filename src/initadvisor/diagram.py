@@ -16,14 +16,14 @@ Axes (``x`` and ``y``, distinct):
 =========  =============================================  ==========================  =======
 name       what varies                                    default range               spacing
 =========  =============================================  ==========================  =======
-beta       Giorlandino-Goldt beta (BlockParams.beta)      [0.01, 3 beta_c(input)]     linear
+beta       Giorlandino-Goldt beta (BlockParams.beta)      [0.01, 3 beta_c(input)] *   linear
 alpha_sa   attention skip strength (residual.attention)   [0, 3]                      linear
 alpha_mlp  MLP skip strength (residual.mlp)               [0, 3]                      linear
 depth      number of blocks                               [1, 2 layers]               linear
 seq_len    sequence length T, at fixed beta               [16, 8192]                  log
 =========  =============================================  ==========================  =======
 
-beta is linear so that the phase boundaries beta_c / 2 and beta_c sit where 001 Fig. 1c draws them;
+(*) [3 beta_c / 300, 3 beta_c] when beta_c(input) is below 1. beta is linear so that the phase boundaries beta_c / 2 and beta_c sit where 001 Fig. 1c draws them;
 beta_c(input) is the engine's beta_c at block 1's attention input. A point of the grid is the spec with
 ``init.qk_beta`` = beta (Q and K stds realising it at that T), the skip strength, ``model.layers`` = depth
 and ``sequence.length`` = T: varying T keeps beta (not the Q/K stds) fixed, since beta is already
@@ -41,12 +41,13 @@ matplotlib.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 from initadvisor.core.blocks import block_forward
 from initadvisor.core.model import block_params, input_moments, propagate
+from initadvisor.numbers import clean, overflow_findings, show
 from initadvisor.spec import Residual, SpecError
 
 SCHEMA = "initadvisor.diagram/1"
@@ -103,12 +104,17 @@ def spec_value(spec, name: str) -> float:
 
 def default_range(spec, name: str) -> tuple[float, float]:
     return {
-        "beta": lambda: (0.01, 3.0 * beta_c_input(spec)),
+        "beta": lambda: _beta_range(3.0 * beta_c_input(spec)),
         "alpha_sa": lambda: (0.0, 3.0),
         "alpha_mlp": lambda: (0.0, 3.0),
         "depth": lambda: (1, 2 * spec.layers),
         "seq_len": lambda: (16, 8192),
     }[name]()
+
+
+def _beta_range(hi: float) -> tuple[float, float]:
+    """[0.01, hi], or [hi / 300, hi] when beta_c is so small that 0.01 is already past it."""
+    return min(0.01, hi / 300), hi
 
 
 def axis_values(spec, name: str, n: int, rng=None, option: str = "--x") -> np.ndarray:
@@ -281,7 +287,7 @@ def diagram(spec, x: str = "beta", y: str = "alpha_sa", grid: int = 64, x_range=
     thr = spec.thresholds["rank_collapse_rho"]
     codes = classify(mr, mb, thr)
     names = np.array(PHASES)[codes]
-    return {
+    res = {
         "schema": SCHEMA,
         "x": _axis_json(x, xs),
         "y": _axis_json(y, ys),
@@ -299,6 +305,9 @@ def diagram(spec, x: str = "beta", y: str = "alpha_sa", grid: int = 64, x_range=
         "final_rho": _grid_json(fr),
         "max_beta_ratio": _grid_json(mb),
     }
+    res, bad = clean(res)
+    res["findings"] = [asdict(f) for f in overflow_findings(bad)]
+    return res
 
 
 def _num(v):
@@ -346,7 +355,7 @@ def _sample(n_src: int, n_dst: int) -> np.ndarray:
 
 
 def _fmt(v) -> str:
-    return f"{v:d}" if isinstance(v, int) else f"{v:.3g}"
+    return f"{v:d}" if isinstance(v, int) else show(v)
 
 
 def _region_mask(result: dict, xs: list, ys: list) -> np.ndarray | None:
@@ -412,8 +421,12 @@ def render_diagram(result: dict, console, max_width: int | None = None, max_heig
     left, mid, right = _fmt(xs[0]), _fmt(xs[len(xs) // 2]), _fmt(xs[-1])
     n = len(ix)
     ticks = [" "] * (n + 12)
+    used = -1  # labels are placed left to right and never overlap (a narrow grid shows fewer)
     for pos, s in ((0, left), (n // 2 - len(mid) // 2, mid), (n - len(right), right)):
-        ticks[pos:pos + len(s)] = list(s)
+        pos = max(pos, used + 2 if used >= 0 else 0)
+        if pos + len(s) <= len(ticks):
+            ticks[pos:pos + len(s)] = list(s)
+            used = pos + len(s) - 1
     console.print(f"{'':>{lw}}   " + "".join(ticks).rstrip() + f"   [bold]{xa['name']}[/]")
     console.print(f"{'':>{lw}}   [dim]x: {xa['label']}, {xa['scale']}[/]")
     legend = Text("  ")
@@ -428,11 +441,11 @@ def render_diagram(result: dict, console, max_width: int | None = None, max_heig
         console.print(f"  ● the spec: {xa['name']} = {_fmt(sp['x'])}, {ya['name']} = {_fmt(sp['y'])}{where}")
     rec = result.get("recommended")
     if rec:
-        parts = [f"beta < beta_c/2 = {rec['beta_max']:.3g}"]
+        parts = [f"beta < beta_c/2 = {show(rec['beta_max'])}"]
         if rec.get("alpha_sa_min") is not None:
-            parts.append(f"alpha_sa >= alpha_c = {rec['alpha_sa_min']:.3g}")
+            parts.append(f"alpha_sa >= alpha_c = {show(rec['alpha_sa_min'])}")
         if rec.get("alpha_mlp_min") is not None:
-            parts.append(f"alpha_mlp >= {rec['alpha_mlp_min']:.3g}")
+            parts.append(f"alpha_mlp >= {show(rec['alpha_mlp_min'])}")
         drawn = "outlined" if mask is not None and mask.any() else "not on these axes"
         console.print(f"  recommended region ({drawn}): " + " and ".join(parts)
                       + f"  [dim](rho < {rec['rho_max']:g}; `initadvisor recommend`)[/]")

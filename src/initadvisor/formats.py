@@ -14,8 +14,9 @@ accepted too: its file is `report["file"]` if present, else the spec's name.
     to_github(entries)              GitHub Actions workflow commands, one line per finding
     to_junit(entries, fail_on)      JUnit XML: one testsuite per spec, one testcase per rule
     to_markdown(entries)            pull-request comment: a table of specs and the findings
-    rule_text(code)                 the `initadvisor explain CODE` text
+    rule_text(code)                 the `initadvisor explain CODE` text, with the rule's examples
     rules_table()                   rows for `initadvisor rules`
+    rules_markdown()                the README's rules table
 """
 
 from __future__ import annotations
@@ -37,22 +38,9 @@ SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 GITHUB_COMMAND = {"error": "error", "warning": "warning", "info": "notice"}
 GATE = {"error": 2, "warning": 1, "never": 3}  # lowest severity rank that fails the gate (never: none)
 
-# The spec keys a finding relates to, most specific first; the first one present in the spec file wins,
-# then the nearest present parent of any of them (Spec.line_of), then line 1.
-RULE_KEYS: dict[str, tuple[str, ...]] = {
-    "IA101": ("residual.attention.skip", "residual.attention", "model.attention", "model.layers"),
-    "IA102": ("residual.attention.skip", "residual.attention", "model.attention", "model.layers"),
-    "IA201": ("init.qk_beta", "init.q", "init.k", "model.softmax_scale", "init.std", "sequence.length"),
-    "IA202": ("init.qk_beta", "init.q", "init.k", "model.softmax_scale", "init.std", "sequence.length"),
-    "IA301": ("model.norm", "residual.attention.block", "residual.mlp.block", "residual", "init.o",
-              "init.ff_out", "init.std", "model.layers"),
-    "IA302": ("model.norm", "residual.attention.skip", "residual.mlp.skip", "residual", "init.std",
-              "model.layers"),
-    "IA303": ("residual.attention.skip", "residual.attention", "init.qk_beta", "init.q", "init.k",
-              "model.softmax_scale", "model.layers"),
-    "IA304": ("init.qk_beta", "init.q", "init.k", "init.std", "sequence.length"),
-    "IA901": ("model.causal",),
-}
+# The spec keys a finding relates to (each rule's `keys`), most specific first; the first one present in the
+# spec file wins, then the nearest present parent of any of them (Spec.line_of), then line 1.
+RULE_KEYS: dict[str, tuple[str, ...]] = {r.code: r.keys for r in RULES.values()}
 FALLBACK_KEYS = ("model",)
 
 Entry = Any  # (path, report) | (path, report, Spec | Mapping[str, int] | None) | report
@@ -375,16 +363,42 @@ def find_rule(code: str) -> Rule:
     return r
 
 
+def _example_yaml(overrides: dict) -> str:
+    import yaml
+
+    from initadvisor.rules import example
+
+    text = yaml.safe_dump(example(overrides), sort_keys=False, default_flow_style=None, width=110)
+    return "".join(f"    {line}\n" for line in text.splitlines())
+
+
 def rule_text(code: str) -> str:
     """The `initadvisor explain CODE` text."""
     r = find_rule(code)
     return (f"{r.code} {r.name} ({r.severity}): {r.title}\n\n{r.meaning}\n\n"
-            f"formula:   {r.formula}\nsource:    {r.source}\nthreshold: {r.threshold}\nfix:       {r.fix}\n")
+            f"fires when: {r.criterion}\nformula:    {r.formula}\nsource:     {r.source}\n"
+            f"threshold:  {r.threshold}\nspec keys:  {', '.join(r.keys)}\nfix:        {r.fix}\n\n"
+            f"failing example (reports {r.code}):\n{_example_yaml(r.fails)}\n"
+            f"fixed example (no {r.code}):\n{_example_yaml(r.passes)}")
 
 
-RULES_COLUMNS = ("code", "severity", "name", "title", "threshold")
+RULES_COLUMNS = ("code", "severity", "name", "fires when", "threshold [default]")
+
+
+def _threshold_cell(r: Rule) -> str:
+    return f"{r.threshold_key} [{r.default}]" if r.threshold_key else "fixed"
 
 
 def rules_table() -> list[tuple[str, str, str, str, str]]:
-    """Rows (code, severity, name, title, threshold) for `initadvisor rules`, in registry order."""
-    return [(r.code, r.severity, r.name, r.title, r.threshold) for r in RULES.values()]
+    """Rows (code, severity, name, fires when, threshold) for `initadvisor rules`, in registry order."""
+    return [(r.code, r.severity, r.name, r.criterion, _threshold_cell(r)) for r in RULES.values()]
+
+
+def rules_markdown() -> str:
+    """The README's rules table (tests/test_rules.py checks that the README holds exactly this)."""
+    rows = ["| code | severity | meaning | fires when | threshold [default] |", "|---|---|---|---|---|"]
+    for r in RULES.values():
+        th = f"`{r.threshold_key}` [{r.default}]" if r.threshold_key else "fixed"
+        cells = (c.replace("|", "\\|").replace("\n", " ") for c in (r.code, r.severity, r.title, r.criterion, th))
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"

@@ -22,6 +22,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from .files import read_bounded
 from .spec import MATRICES, Spec, SpecError, build_spec
 
 SUPPORTED = ("bert", "roberta", "electra", "gpt2", "gpt_neox", "llama", "mistral", "qwen2")
@@ -87,8 +88,8 @@ def _typed(v: Any, kind: str, key: str, cfg: _Config) -> Any:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise cfg.error(f"expected a positive whole number, got {v!r}", key)
     elif kind in ("float", "prob"):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise cfg.error(f"expected a finite number, got {v!r}", key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or abs(v) > 1e300 or not math.isfinite(v):
+            raise cfg.error(f"expected a finite number, got {str(v)[:40]}", key)
         if v < 0 or (kind == "prob" and v >= 1):
             raise cfg.error(f"expected a number in [0, {'1)' if kind == 'prob' else 'inf)'}, got {v!r}", key)
         v = float(v)
@@ -143,15 +144,7 @@ def _load_json(path: str | Path) -> tuple[dict[str, Any], str, str]:
         else:
             raise SpecError("is a directory without a config.json", str(path))
     fname = str(path)
-    try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    except FileNotFoundError:
-        raise SpecError("no such file", fname) from None
-    except OSError as e:
-        raise SpecError(f"cannot read: {e.strerror}", fname) from None
-    if len(raw) > MAX_BYTES:
-        raise SpecError(f"too large for a config.json (over {MAX_BYTES} bytes)", fname)
+    raw = read_bounded(path, MAX_BYTES, "config.json")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:

@@ -1,19 +1,17 @@
 """A ready-to-paste PyTorch `init_weights(model)` for a recommended spec.
 
-The snippet is the single implementation: `initadvisor.torch.apply` executes the same rendered text, so
-what users paste is what the tests run. Module names covered: HuggingFace BERT/RoBERTa/ELECTRA, GPT-2,
-GPT-NeoX, Llama/Mistral/Qwen2, and nanoGPT.
+The snippet is for people to paste; it is never executed by initadvisor. `initadvisor.torch.apply` does the
+same thing from the numbers (`numbers(spec)`) and the module-name rules (`RULES`, the same list the snippet
+prints), and the tests check that the two give the same weights. Module names covered: HuggingFace
+BERT/RoBERTa/ELECTRA, GPT-2, GPT-NeoX, Llama/Mistral/Qwen2, and nanoGPT.
 """
 
 from __future__ import annotations
 
-TEMPLATE = '''\
-import torch
+import ast
 
-STD = {std}
-BIAS_STD = {bias_std}
 # (module-name suffix, role); the first match wins, so the more specific suffixes come first.
-RULES = [
+_RULES_TEXT = """[
     ("attention.self.query", "q"), ("attention.self.key", "k"), ("attention.self.value", "v"),
     ("attention.output.dense", "o"), ("intermediate.dense", "ff_in"), ("output.dense", "ff_out"),
     ("self_attn.q_proj", "q"), ("self_attn.k_proj", "k"), ("self_attn.v_proj", "v"), ("self_attn.o_proj", "o"),
@@ -23,7 +21,16 @@ RULES = [
     ("attn.c_attn", "qkv"), ("attn.c_proj", "o"), ("mlp.c_fc", "ff_in"), ("mlp.c_proj", "ff_out"),
     ("word_embeddings", "embedding"), ("position_embeddings", "embedding"), ("token_type_embeddings", "embedding"),
     ("wte", "embedding"), ("wpe", "embedding"), ("embed_tokens", "embedding"), ("embed_in", "embedding"),
-]
+]"""
+RULES: list[tuple[str, str]] = ast.literal_eval(_RULES_TEXT)
+
+TEMPLATE = '''\
+import torch
+
+STD = {std}
+BIAS_STD = {bias_std}
+# (module-name suffix, role); the first match wins, so the more specific suffixes come first.
+RULES = ''' + _RULES_TEXT + '''
 
 
 @torch.no_grad()
@@ -53,11 +60,17 @@ def init_weights(model, heads={heads}):
 '''
 
 
-def render(spec) -> str:
-    """The snippet with the spec's per-matrix stds filled in."""
+def numbers(spec) -> tuple[dict[str, float], dict[str, float], int]:
+    """The snippet's numbers: per-matrix std, per-matrix bias std (6 significant digits) and the head count."""
     std = {m: float(f"{i.std:.6g}") for m, i in spec.init.items()}
     bias = {m: float(f"{i.bias_std:.6g}") for m, i in spec.init.items()}
-    return TEMPLATE.format(std=std, bias_std=bias, heads=spec.heads)
+    return std, bias, spec.heads
+
+
+def render(spec) -> str:
+    """The snippet with the spec's per-matrix stds filled in."""
+    std, bias, heads = numbers(spec)
+    return TEMPLATE.format(std=std, bias_std=bias, heads=heads)
 
 
 def residual_instructions(spec) -> list[str]:

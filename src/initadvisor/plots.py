@@ -28,6 +28,22 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path, dpi: int) -> None:
+    """Save by suffix; an unwritable path is one line (the CLI checked it before the work, this is the net)."""
+    from initadvisor.spec import SpecError
+
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # e.g. a glyph of the spec's name missing from the font
+            warnings.simplefilter("ignore")
+            fig.savefig(path, dpi=dpi)
+    except (OSError, ValueError) as e:
+        raise SpecError(f"cannot write {path}: {e}", "command line") from None
+    finally:
+        plt.close(fig)
+
+
 def _edges(values: list, scale: str):
     """Cell edges around grid values (geometric midpoints on a log axis)."""
     import numpy as np
@@ -112,8 +128,7 @@ def save_diagram(result: dict, path, dpi: int = 150) -> Path:
     layers = result.get("layers")
     ax.set_title(f"trainability at initialisation: {name}" + (f" ({layers} layers)" if layers else ""),
                  fontsize=11)
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
+    _save(plt, fig, path, dpi)
     return path
 
 
@@ -156,21 +171,23 @@ def save_profiles(report: dict, path, dpi: int = 150) -> Path:
     a = axs[0, 1]
     if blk:
         bl = np.array([r["index"] for r in blk])
-        ratio = np.array([r["beta"] / r["beta_c"] for r in blk])
+        ratio = np.array([r["beta"] for r in blk], dtype=float) / np.array([r["beta_c"] for r in blk], dtype=float)
         a.plot(bl, ratio, color="#7a3b8f", lw=1.8, label=r"$\beta/\beta_c$")
         a.axhline(1.0, color=COLORS["entropy_collapse"], ls="--", lw=1.4, label=r"entropy collapse ($\beta_c$)")
         a.axhline(0.5, color="0.6", ls=":", lw=1.2, label=r"$\beta_c/2$")
-        a.set_ylim(0, max(1.15, float(ratio.max()) * 1.1))
+        a.set_ylim(0, max(1.15, float(np.nanmax(ratio, initial=0.0)) * 1.1))
         a.legend(fontsize=8, loc="center right")
     a.set_ylabel(r"$\beta/\beta_c$ per block")
     a.set_title("attention phase", fontsize=10)
 
     a = axs[1, 0]
     a.plot(L, q, color="#2a7f62", lw=1.8)
-    if q.min() > 0 and q.max() / q.min() > 20:
+    if not np.isfinite(q).any():  # every value beyond the engine's range (IA104): nothing to scale
+        pass
+    elif np.nanmin(q) > 0 and np.nanmax(q) / np.nanmin(q) > 20:
         a.set_yscale("log")
     else:
-        lo, hi = float(q.min()), float(q.max())
+        lo, hi = float(np.nanmin(q)), float(np.nanmax(q))
         pad = max(0.05 * (hi - lo), 0.05 * max(abs(hi), 1e-12))
         a.set_ylim(lo - pad, hi + pad)
     a.set_ylabel(r"$q$ (second moment of the stream)")
@@ -197,8 +214,7 @@ def save_profiles(report: dict, path, dpi: int = 150) -> Path:
     fig.suptitle(f"{spec.get('name', '')}: {m.get('layers', '?')} layers, {m.get('norm', '?')}-LN, "
                  f"{m.get('activation', '?')}, T={spec.get('sequence', {}).get('length', '?')}  |  verdict {verdict}"
                  + (f"  ({', '.join(codes)})" if codes else ""), fontsize=11)
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
+    _save(plt, fig, path, dpi)
     return path
 
 
@@ -230,6 +246,5 @@ def save_verify(report: dict, path, dpi: int = 150) -> Path:
     fig.suptitle(f"{report['spec']['name']}: theory vs {m.get('backend', 'Monte-Carlo')} measurement "
                  f"({m.get('seeds', '?')} seeds x {m.get('batch', '?')} sequences)  |  verdict "
                  f"{report['verdict'].upper()}", fontsize=10)
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
+    _save(plt, fig, path, dpi)
     return path

@@ -7,7 +7,7 @@ e.g. DeepScaleLM's per-layer V/O variance or Admin's per-layer skip), run throug
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -16,7 +16,8 @@ from initadvisor.core.deepscalelm import dslm_init
 from initadvisor.core.model import Trace, block_params, input_correlation, input_moments, propagate
 from initadvisor.diagnose import analyse, diagnose, verdict
 from initadvisor.init_code import render, residual_instructions
-from initadvisor.spec import MatrixInit, Residual, Spec, build_spec
+from initadvisor.numbers import clean, overflow_findings, show, status
+from initadvisor.spec import MatrixInit, Residual, Spec, SpecError, build_spec
 
 BETA_MARGIN = 0.8  # recommended beta = 0.8 x beta_c,min / 2: inside the sharp (Gaussian) regime of 001 B.3
 ALPHA_CEILING = 16.0  # alpha_c is searched in [0, 16]
@@ -32,6 +33,7 @@ class Recipe:
     spec: Spec
     per_layer: dict[str, np.ndarray] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    undefined: str = ""  # why the recipe has no numbers for this spec (it is then not run)
 
     def run(self) -> Trace:
         P = block_params(self.spec)
@@ -91,13 +93,22 @@ def beta_recommendation(spec: Spec) -> tuple[float, np.ndarray]:
 
 
 def recipe_critical(spec: Spec, beta: float, alpha: float | None) -> Recipe:
-    s = _with_init(spec, q=spec.qk_std_for_beta(beta), k=spec.qk_std_for_beta(beta))
     given = spec.res_attention.skip
     skip = given if alpha is None or given > alpha else ALPHA_MARGIN * alpha
+    source = "Giorlandino & Goldt 2025, Result 1, B.3, Fig. 1c"
+    if status(beta, positive=True):
+        return Recipe("critical", "Q/K std for beta < beta_c/2", source, spec,
+                      undefined=f"beta_c {status(beta_c_floor(beta), positive=True)}: the forward stream leaves "
+                                "the engine's range first (fix the forward variance, IA103)")
+    s = _with_init(spec, q=spec.qk_std_for_beta(beta), k=spec.qk_std_for_beta(beta))
     s = replace(s, res_attention=Residual(skip, spec.res_attention.block))
-    return Recipe("critical", f"Q/K std for beta = {beta:.3f} (< beta_c/2); attention skip "
-                  f"{skip:.3f} (the given one if above alpha_c, else {ALPHA_MARGIN} alpha_c)",
-                  "Giorlandino & Goldt 2025, Result 1, B.3, Fig. 1c", s)
+    return Recipe("critical", f"Q/K std for beta = {beta:.3g} (< beta_c/2); attention skip "
+                  f"{skip:.3f} (the given one if above alpha_c, else {ALPHA_MARGIN} alpha_c)", source, s)
+
+
+def beta_c_floor(beta: float) -> float:
+    """The beta_c a recommended beta came from (beta = BETA_MARGIN beta_c / 2)."""
+    return 2 * beta / BETA_MARGIN
 
 
 def dslm(spec: Spec, k: float, simplified: bool = False):
@@ -116,9 +127,13 @@ def recipe_deepscalelm(spec: Spec, ds) -> Recipe:
     s = replace(s, res_attention=Residual(lam, bet), res_mlp=Residual(lam, bet))
     per_layer = {} if simplified else {"g_v": ds.var_vo * d, "g_o": ds.var_vo * d}
     name = "deepscalelm-simplified" if simplified else "deepscalelm"
+    zero = np.flatnonzero(~np.isfinite(ds.var_vo))
+    undefined = "" if simplified or not zero.size else (
+        f"the per-layer V/O variance sqrt((1-p)/r_l)/d is unbounded where the input correlation r_l is 0 "
+        f"(block {zero[0] + 1}); use deepscalelm-simplified")
     return Recipe(name, "lambda^2 = 1 - k/N, beta^2 = k/N; sigma_e^2 = (1-p)/n_emb, sigma_qk^2 = 1/d, "
                   "sigma_f^2 = sqrt((1-p)/2)/d, V/O per layer sqrt((1-p)/r_l)/d",
-                  "Kedia et al. 2024, sec. 3.5, App. M", s, per_layer, list(ds.caveats))
+                  "Kedia et al. 2024, sec. 3.5, App. M", s, per_layer, list(ds.caveats), undefined)
 
 
 def recipe_gpt2(spec: Spec) -> Recipe:
@@ -171,6 +186,10 @@ def recipe_admin(spec: Spec) -> Recipe:
 
 
 def _summary(r: Recipe) -> dict:
+    if r.undefined:
+        return {"name": r.name, "formula": r.formula, "source": r.source, "final_rho": None, "max_rho": None,
+                "worst_beta_ratio": None, "grad_ratio": None, "grad_ratio_blocks": None, "verdict": "undefined",
+                "findings": [], "notes": [r.undefined, *r.notes]}
     a = analyse(r.spec, r.run())
     t, law = a.trace, a.growth["gradient"]
     findings = diagnose(r.spec, a)
@@ -191,7 +210,8 @@ def recommend(spec: Spec, rho_max: float = 0.99, k: float = 2.0, alpha_mlp: bool
         k_caveat = [f"k = {k:g} is not below N = {spec.layers}: DeepScaleLM uses k = N/2 = {spec.layers / 2:g}"]
         k = spec.layers / 2
     beta, bc = beta_recommendation(spec)
-    a_c, a_how = alpha_c(_with_init(spec, q=spec.qk_std_for_beta(beta), k=spec.qk_std_for_beta(beta)), rho_max)
+    qk_std = None if status(beta, positive=True) else spec.qk_std_for_beta(beta)
+    a_c, a_how = alpha_c(spec if qk_std is None else _with_init(spec, q=qk_std, k=qk_std), rho_max)
     a_m, a_m_how = alpha_c(spec, rho_max, "skip_m") if alpha_mlp else (None, "not requested (--alpha-mlp)")
     critical = recipe_critical(spec, beta, a_c)
     t = critical.run()
@@ -204,17 +224,17 @@ def recommend(spec: Spec, rho_max: float = 0.99, k: float = 2.0, alpha_mlp: bool
                recipe_deepnorm(spec), recipe_tfixup(spec), recipe_admin(spec)]
     rows = [_summary(r) for r in recipes]
     patched, chosen = _patched(recipes, rows)
-    return {
+    rep = {
         "schema": "initadvisor.recommend/1",
         "spec": spec.to_dict(),
         "beta": _f(block_params(spec).beta),
         "beta_c": _f(bc.min()), "beta_c_per_layer": [_f(x) for x in bc], "binding_layer": int(np.argmin(bc)) + 1,
-        "beta_recommended": _f(beta), "beta_margin": BETA_MARGIN, "qk_std": _f(spec.qk_std_for_beta(beta)),
+        "beta_recommended": _f(beta), "beta_margin": BETA_MARGIN, "qk_std": None if qk_std is None else _f(qk_std),
         "alpha_c": None if a_c is None else _f(a_c), "alpha_c_how": a_how,
         "alpha_c_mlp": None if a_m is None else _f(a_m), "alpha_c_mlp_how": a_m_how, "rho_max": rho_max,
         "tau": _f(tau), "tau_per_layer": [_f(x) for x in taus], "tau_beta": _f(tau_beta),
         "tau_note": ("eq. 47 assumes uniform attention; its tau corresponds to beta = "
-                     f"{tau_beta:.3f}" + (f" >= beta_c/2 = {bc.min() / 2:.3f}: it would leave the uniform phase, "
+                     f"{show(tau_beta, '.3f')}" + (f" >= beta_c/2 = {show(bc.min() / 2, '.3f')}: it would leave the uniform phase, "
                                            "keep beta_recommended" if tau_beta >= bc.min() / 2 else "")),
         "deepscalelm": {
             "k": k, "lambda2": _f(ds.lambda2), "beta2": _f(ds.beta2), "sigma_e2": _f(ds.var_embd),
@@ -229,13 +249,25 @@ def recommend(spec: Spec, rho_max: float = 0.99, k: float = 2.0, alpha_mlp: bool
         "init_weights": render(build_spec(patched)),
         "residual_instructions": residual_instructions(build_spec(patched)),
     }
+    rep, bad = clean(rep)
+    rep["findings"] = [asdict(f) for f in overflow_findings(bad)]
+    return rep
 
 
 def _patched(recipes: list[Recipe], rows: list[dict]) -> tuple[dict, str]:
-    """The first passing recipe in PATCH_ORDER that the spec format can express (no per-layer values)."""
+    """The first passing recipe in PATCH_ORDER that the spec format can express: no per-layer values, and
+    every number inside the spec's ranges (so `check` accepts the patched file)."""
     by_name = {r.name: (r, row) for r, row in zip(recipes, rows)}
     for name in PATCH_ORDER:
         r, row = by_name[name]
-        if not r.per_layer and row["verdict"] == "pass":
+        if not r.per_layer and row["verdict"] == "pass" and _expressible(r.spec):
             return r.spec.to_dict(), name
     return recipes[0].spec.to_dict(), "as-given"
+
+
+def _expressible(spec: Spec) -> bool:
+    try:
+        build_spec(spec.to_dict())
+    except SpecError:
+        return False
+    return True

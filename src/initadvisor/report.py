@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from initadvisor.numbers import show
+
 SPARK = "▁▂▃▄▅▆▇█"
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -34,10 +36,11 @@ def render_check(report: dict, console) -> None:
     console.print(Panel(f"{head}\nverdict: [{'bold green' if ok else 'bold red'}]{report['verdict'].upper()}[/]",
                         title="initadvisor check", expand=False))
     rho = [r["rho"] for r in layers]
-    console.print(f"rho by depth  [dim]0[/] {sparkline(rho)} [dim]1[/]   "
-                  f"(input {rho[0]:.3f} -> final {rho[-1]:.3f})")
+    if None not in rho:
+        console.print(f"rho by depth  [dim]0[/] {sparkline(rho)} [dim]1[/]   "
+                      f"(input {rho[0]:.3f} -> final {rho[-1]:.3f})")
     g = [r["grad_q"] for r in layers]
-    if max(g) > 0 and min(g) > 0:
+    if None not in g and max(g) > 0 and min(g) > 0:
         import math
 
         lg = [math.log10(x) for x in g]
@@ -49,9 +52,9 @@ def render_check(report: dict, console) -> None:
         t.add_column(col, justify="right")
     for i in _rows_to_show(len(layers)):
         r = layers[i]
-        ratio = f"{r['beta'] / r['beta_c']:.3f}" if "beta" in r else "-"
-        t.add_row(str(i), f"{r['q']:.4g}", f"{r['rho']:.4f}", ratio, f"{r.get('ipr', 0):.3g}" if i else "-",
-                  r.get("attention_phase", "input"), f"{r['grad_q']:.3g}")
+        ratio = show(r["beta"] / r["beta_c"], ".3f") if i and None not in (r["beta"], r["beta_c"]) else "-"
+        t.add_row(str(i), show(r["q"], ".4g"), show(r["rho"], ".4f"), ratio, show(r.get("ipr"), ".3g") if i else "-",
+                  r.get("attention_phase", "input"), show(r["grad_q"], ".3g"))
     console.print(t)
     for note in report.get("notes", []):
         console.print(f"[dim]note: {note}[/]")
@@ -73,7 +76,7 @@ def render_summary(reports: list, console) -> None:
     for path, r in reports:
         sev = [f["severity"] for f in r["findings"]]
         colour = "green" if r["verdict"] == "pass" else "red"
-        t.add_row(str(path), f"[{colour}]{r['verdict']}[/]", f"{r['layers'][-1]['rho']:.3f}",
+        t.add_row(str(path), f"[{colour}]{r['verdict']}[/]", show(r["layers"][-1]["rho"], ".3f"),
                   str(sev.count("error")), str(sev.count("warning")))
     console.print(t)
 
@@ -86,21 +89,23 @@ def render_recommend(rep: dict, console) -> None:
     spec = rep["spec"]
     a = rep["alpha_c"]
     lines = [
-        f"[bold]beta[/] now {rep['beta']:.4g}; beta_c {rep['beta_c']:.4g} (binding at block {rep['binding_layer']}); "
-        f"recommended beta {rep['beta_recommended']:.4g} = {rep['beta_margin']} x beta_c/2 -> Q/K std "
-        f"[bold]{rep['qk_std']:.4g}[/]",
+        f"[bold]beta[/] now {show(rep['beta'], '.4g')}; beta_c {show(rep['beta_c'], '.4g')} (binding at block "
+        f"{rep['binding_layer']}); recommended beta {show(rep['beta_recommended'], '.4g')} = {rep['beta_margin']} x "
+        f"beta_c/2 -> Q/K std [bold]{show(rep['qk_std'], '.4g')}[/]",
         f"[bold]alpha_c[/] (attention skip, rho < {rep['rho_max']}): "
         + (f"{a:.4g}  [dim]{rep['alpha_c_how']}[/]" if a is not None else f"none: {rep['alpha_c_how']}"),
-        f"[bold]tau[/] (Noci eq. 47, median over layers): {rep['tau']:.4g}  [dim]{rep['tau_note']}[/]",
+        f"[bold]tau[/] (Noci eq. 47, median over layers): {show(rep['tau'], '.4g')}  [dim]{rep['tau_note']}[/]",
     ]
     if rep["alpha_c_mlp"] is not None:
         lines.insert(2, f"[bold]alpha_c (MLP skip)[/]: {rep['alpha_c_mlp']:.4g}")
     ds = rep["deepscalelm"]
     vo = ds["sigma_vo2_per_layer"]
-    lines.append(f"[bold]DeepScaleLM[/] (k={ds['k']:g}): lambda^2 {ds['lambda2']:.4g}, beta^2 {ds['beta2']:.4g}, "
-                 f"sigma_e^2 {ds['sigma_e2']:.4g}, sigma_f^2 {ds['sigma_f2']:.4g}, sigma_qk^2 {ds['sigma_qk2']:.4g}, "
-                 f"sigma_vo^2 {vo[0]:.4g} .. {vo[-1]:.4g} (per layer)")
+    lines.append(f"[bold]DeepScaleLM[/] (k={show(ds['k'], 'g')}): lambda^2 {show(ds['lambda2'], '.4g')}, beta^2 "
+                 f"{show(ds['beta2'], '.4g')}, sigma_e^2 {show(ds['sigma_e2'], '.4g')}, sigma_f^2 "
+                 f"{show(ds['sigma_f2'], '.4g')}, sigma_qk^2 {show(ds['sigma_qk2'], '.4g')}, "
+                 f"sigma_vo^2 {show(vo[0], '.4g')} .. {show(vo[-1], '.4g')} (per layer)")
     lines += [f"[yellow]caveat:[/] {c}" for c in ds["caveats"]]
+    lines += [f"[{STYLE[f['severity']]}]{f['code']}:[/] {f['message']}" for f in rep.get("findings", [])]
     console.print(Panel("\n".join(lines), title=f"initadvisor recommend: {spec['name']}", expand=False))
     t = Table(show_edge=False, header_style="bold")
     for col in ("recipe", "final rho", "max beta/beta_c", "grad ratio", "verdict", "errors, warnings"):
@@ -108,10 +113,11 @@ def render_recommend(rep: dict, console) -> None:
     from initadvisor.rules import RULES
 
     for r in rep["recipes"]:
-        style = "green" if r["verdict"] == "pass" else "red"
+        style = {"pass": "green", "fail": "red"}.get(r["verdict"], "dim")
         shown = [c for c in r["findings"] if RULES[c].severity != "info"]  # the JSON keeps all codes
-        t.add_row(r["name"], f"{r['final_rho']:.3f}", f"{r['worst_beta_ratio']:.3f}", f"{r['grad_ratio']:.3g}",
-                  f"[{style}]{r['verdict']}[/]", " ".join(shown))
+        t.add_row(r["name"], show(r["final_rho"], ".3f"), show(r["worst_beta_ratio"], ".3f"),
+                  show(r["grad_ratio"], ".3g"), f"[{style}]{r['verdict']}[/]",
+                  " ".join(shown) or (r["notes"][0] if r["verdict"] == "undefined" else ""))
     console.print(t)
     console.print(f"patched spec: the [bold]{rep['patched_recipe']}[/] recipe (`--format yaml` or `--out FILE`)")
     console.print(Syntax(rep["init_weights"], "python", theme="ansi_dark", word_wrap=True))

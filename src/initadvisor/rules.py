@@ -1,8 +1,41 @@
-"""The rule registry: every finding's stable code, severity, meaning, formula, source and fix."""
+"""The rule registry: every finding as one self-contained rule object.
+
+A `Rule` holds a finding's stable code, severity, the spec `thresholds` key it compares against (None for a
+fixed criterion), the spec keys it points at (SARIF/GitHub locations), the check itself, and its
+documentation: meaning, formula, source, fix, and a failing and a fixed example spec. `diagnose.diagnose`
+runs the checks in registry order; `rules`, `explain`, the README's rules table and tests/test_rules.py all
+read this module. An example is a few overrides of `EXAMPLE_BASE`; `example(overrides)` gives the full spec.
+"""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from initadvisor.core import gradients as G
+from initadvisor.numbers import show
+from initadvisor.spec import THRESHOLDS
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: str
+    message: str
+    layer: int | None
+    source: str
+
+
+def finding(code: str, message: str, layer: int | None = None) -> Finding:
+    r = RULES[code]
+    return Finding(code, r.severity, message, layer, r.source)
+
+
+Check = Callable[[Any, Any], list[Finding]]  # (spec, diagnose.Analysis) -> findings
 
 
 @dataclass(frozen=True)
@@ -11,79 +44,331 @@ class Rule:
     name: str
     severity: str  # error | warning | info
     title: str
+    threshold_key: str | None  # the spec `thresholds` key it compares against; None: a fixed criterion
+    criterion: str  # when it fires, one line
+    keys: tuple[str, ...]  # the spec keys it points at, most specific first
+    check: Check
     meaning: str
     formula: str
     source: str
-    threshold: str  # the spec `thresholds` key (or a fixed criterion)
     fix: str
+    fails: dict  # overrides of EXAMPLE_BASE that make it fire
+    passes: dict  # ... and the fixed spec, where it stays silent
 
+    @property
+    def threshold(self) -> str:
+        """The threshold as text: `thresholds.KEY [default]`, or the fixed criterion."""
+        if self.threshold_key is None:
+            return f"fixed: {self.criterion}"
+        return f"thresholds.{self.threshold_key} [{self.default}]"
+
+    @property
+    def default(self) -> str | None:
+        """The threshold's built-in default as text (1e6, 0.99), None for a fixed criterion."""
+        if self.threshold_key is None:
+            return None
+        v = THRESHOLDS[self.threshold_key]
+        mantissa, exp = f"{v:e}".split("e")
+        return f"1e{int(exp)}" if float(mantissa) == 1 and abs(int(exp)) >= 3 else f"{v:g}"
+
+
+EXAMPLE_BASE: dict = {"model": {"layers": 4, "d_model": 64, "heads": 4}, "sequence": {"length": 64}}
+
+
+def example(overrides: dict, base: dict | None = None) -> dict:
+    """The full spec (YAML layout) of an example: `overrides` merged into EXAMPLE_BASE."""
+    out = copy.deepcopy(EXAMPLE_BASE if base is None else base)
+    for k, v in overrides.items():
+        out[k] = example(v, out.get(k, {})) if isinstance(v, dict) else v
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# the checks: (spec, Analysis) -> findings; `layer` is the stream index (0 = input, i = after block i)
+
+
+def _rho(spec, a) -> np.ndarray:
+    """rho per layer; for causal models the late third of positions, where collapse sets in first (001 C.6)."""
+    return a.trace.rho if a.ct is None else a.ct.rho_thirds[:, 2]
+
+
+def _collapse_at(spec, a) -> int | None:
+    hit = np.flatnonzero(_rho(spec, a) >= spec.thresholds["rank_collapse_rho"])
+    return int(hit[0]) if hit.size else None
+
+
+def rank_collapse(spec, a) -> list[Finding]:
+    k, rho, th = _collapse_at(spec, a), _rho(spec, a), spec.thresholds["rank_collapse_rho"]
+    if k is None:
+        return []
+    return [finding("IA101", f"rho reaches {show(rho[k], '.4f')} >= {th} at layer {k} of {spec.layers} "
+                             f"(final rho {show(rho[-1], '.4f')})", k)]
+
+
+def collapse_trend(spec, a) -> list[Finding]:
+    rho, th = _rho(spec, a), spec.thresholds["collapse_trend_rho"]
+    if _collapse_at(spec, a) is not None or not rho[-1] >= th:  # IA101 takes precedence
+        return []
+    return [finding("IA102", f"final rho {show(rho[-1], '.4f')} >= {th} (rho rises from {show(rho[0], '.3f')} at the input)",
+                    spec.layers)]
+
+
+def forward_variance(spec, a) -> list[Finding]:
+    grow = float(a.trace.q[-1] / a.trace.q[min(1, spec.layers)])
+    lim = spec.thresholds["forward_ratio_max"]
+    if 1 / lim <= grow <= lim:
+        return []
+    return [finding("IA103", f"forward variance changes {show(grow, '.3g')}x from block 1 to block {spec.layers} "
+                             f"(outside [{1 / lim:g}, {lim:g}])", spec.layers)]
+
+
+def numeric_range(spec, a) -> list[Finding]:
+    """IA104 is raised where a report is assembled (numbers.clean finds the values it replaces by null)."""
+    return []
+
+
+def _beta_ratio(a) -> tuple[np.ndarray, int]:
+    x = a.trace.beta / a.trace.beta_c
+    return x, int(np.argmax(x))
+
+
+def entropy_collapse(spec, a) -> list[Finding]:
+    t, (x, w) = a.trace, _beta_ratio(a)
+    if not x[w] >= 1.0:
+        return []
+    return [finding("IA201", f"beta {show(t.beta[w], '.3f')} >= beta_c {show(t.beta_c[w], '.3f')} at block {w + 1} (IPR Y2 "
+                             f"{show(t.y2[w], '.3f')}; {int((x >= 1).sum())} of {spec.layers} blocks localized)", w + 1)]
+
+
+def finite_size(spec, a) -> list[Finding]:
+    t, (x, w) = a.trace, _beta_ratio(a)
+    if not 0.5 <= x[w] < 1.0:
+        return []
+    return [finding("IA202", f"beta {show(t.beta[w], '.3f')} is in [beta_c/2, beta_c) = [{show(t.beta_c[w] / 2, '.3f')}, "
+                             f"{show(t.beta_c[w], '.3f')}) at block {w + 1}", w + 1)]
+
+
+def _gradient_law(a) -> str:
+    law = a.growth["gradient"]
+    if law["law"] == "hyperbolic":
+        return f"hyperbolic, exponent {show(law['exponent'], '.2f')}"
+    if law["law"] == "exponential":
+        return f"exponential, factor {show(law['per_layer_factor'], '.4f')} per layer"
+    return law["law"]
+
+
+def exploding_gradient(spec, a) -> list[Finding]:
+    end, th = a.growth["gradient"]["blocks"], spec.thresholds["grad_explode"]
+    if not end > th:
+        return []
+    return [finding("IA301", f"gradient second moment grows {show(end, '.3g')}x from block {spec.layers} to block 1 "
+                             f"({_gradient_law(a)}) > {th:g}", 1)]
+
+
+def vanishing_gradient(spec, a) -> list[Finding]:
+    end, th = a.growth["gradient"]["blocks"], spec.thresholds["grad_vanish"]
+    if not end < th or end > spec.thresholds["grad_explode"]:  # IA301 takes precedence
+        return []
+    return [finding("IA302", f"gradient second moment shrinks to {show(end, '.3g')} of its top value at block 1 "
+                             f"({_gradient_law(a)}) < {th:g}", 1)]
+
+
+def qk_gradient(spec, a) -> list[Finding]:
+    t, th = a.trace, spec.thresholds["qk_grad_ratio_min"]
+    w = int(np.argmin(a.ratio))
+    if not a.ratio[w] < th:
+        return []
+    return [finding("IA303", f"Q/K-to-V gradient ratio {show(a.ratio[w], '.2e')} < {th:g} at block {w + 1} "
+                             f"(rho {show(t.att_p[w] / t.att_q[w], '.3f')} at its input)", w + 1)]
+
+
+def qk_uniform_phase(spec, a) -> list[Finding]:
+    t, (x, _) = a.trace, _beta_ratio(a)
+    if not x[0] < 0.5:
+        return []
+    return [finding("IA304", f"block 1 attends uniformly (IPR {show(t.y2[0], '.2e')}): Result 2's Q/K gradient factor "
+                             f"E tr(M^2) = {show(G.jacobian_trace(t.y2[0], t.y3[0], x[0]), '.2e')} (at most 1/12, reached "
+                             "at beta = 2 beta_c)", 1)]
+
+
+def width_collapse(spec, a) -> list[Finding]:
+    w = a.width
+    if not (w and w["collapsed"]):
+        return []
+    return [finding("IA401", f"one attention layer's output has stable rank {show(w['stable_rank'], '.3g')} at T = "
+                             f"{w['seq_len']} against {show(w['stable_rank_centered'], '.3g')} with centered attention "
+                             f"(spectral gap sigma1/sigma2 = {show(w['gap_ratio'], '.3g')})", 1)]
+
+
+def causal_positions(spec, a) -> list[Finding]:
+    if a.ct is None:
+        return []
+    e, m, late = a.ct.rho_thirds[-1]
+    return [finding("IA901", f"causal attention, position-resolved: final rho {show(e, '.3f')} / {show(m, '.3f')} / {show(late, '.3f')} "
+                             f"for early / middle / late tokens (mean {show(a.ct.rho_mean[-1], '.3f')}); attention phase "
+                             "and gradients from the late-token pair (001 C.6)")]
+
+
+# ---------------------------------------------------------------------------------------------------
+# the registry, in report order
+
+_COLLAPSE_KEYS = ("residual.attention.skip", "residual.attention", "model.attention", "model.layers")
+_BETA_KEYS = ("init.qk_beta", "init.q", "init.k", "model.softmax_scale", "init.std", "sequence.length")
 
 RULES: dict[str, Rule] = {r.code: r for r in [
-    Rule("IA101", "rank-collapse", "error", "Rank collapse",
-         "Token representations converge to one direction: the mean cosine similarity rho between tokens reaches "
-         "the collapse threshold at some layer, so attention has nothing to distinguish and Q/K gradients vanish.",
-         "rho_l = p_l / q_l from the (q, p) recurrence (001 Algorithms 1-3, eqs. 14-17)",
-         "Giorlandino & Goldt 2025, Result 1, eqs. 11, 14-17", "thresholds.rank_collapse_rho [0.99]",
-         "Strengthen the attention skip (alpha_SA >= alpha_c, see `initadvisor recommend`), use pre-LN, "
-         "centered attention, or fewer layers."),
-    Rule("IA102", "collapse-trend", "warning", "Collapse trend",
-         "The final layer's rho is high: deeper variants of this model, or training, will push it into collapse.",
-         "rho_L >= threshold", "Giorlandino & Goldt 2025, eqs. 14-17", "thresholds.collapse_trend_rho [0.9]",
-         "As for IA101: a stronger attention skip or centered attention."),
-    Rule("IA103", "forward-variance", "error", "Forward variance explodes or dies",
-         "The residual stream's second moment changes by more than the threshold from block 1 to the last block: "
-         "without normalisation (or with residual gains above 1) it grows or decays exponentially with depth "
-         "and activations overflow or vanish in floating point.",
-         "q_L / q_1 from the forward recurrence (moments are clamped at 1e250 to stay finite)",
-         "Kedia et al. 2024, App. E.1 (eq. 2); Giorlandino & Goldt 2025, eq. 15", "thresholds.forward_ratio_max [1e6]",
-         "Use pre- or post-LN, or scale residual branches (DeepScaleLM lambda^2 + beta^2 = 1)."),
-    Rule("IA201", "entropy-collapse", "error", "Entropy collapse",
-         "The query/key scale beta is at or above the critical beta_c of the layer's input geometry: attention "
-         "rows condense on a few random tokens (localized REM phase) and training is unstable.",
-         "beta >= beta_c(q, p) = sqrt(2 / (q (q - p))); IPR Y2 = 1 - beta_c / beta",
-         "Giorlandino & Goldt 2025, Result 1, eq. 12", "beta / beta_c >= 1",
-         "Lower the Q/K init std (or init.qk_beta) below beta_c / 2, see `initadvisor recommend`."),
-    Rule("IA202", "finite-size-crossover", "warning", "Finite-size crossover",
-         "beta lies between beta_c/2 and beta_c: at finite sequence length the softmax partition function is "
-         "no longer Gaussian and attention is partly localized; the asymptotic laws are not sharp here.",
-         "beta_c / 2 <= beta < beta_c", "Giorlandino & Goldt 2025, sec. 3.2 and B.3", "beta / beta_c >= 0.5",
-         "Lower the Q/K init std below beta_c / 2."),
-    Rule("IA301", "exploding-gradient", "error", "Exploding gradients towards the input",
-         "The loss gradient's second moment grows from the top of the stack to the input beyond the threshold: "
-         "Pre-LN grows hyperbolically (q_L / q_l)^C, Post-LN exponentially C5^(L - l).",
-         "grad_q[1] / grad_q[L] (through the blocks) from the backward moment recurrence", "Kedia et al. 2024, App. E.1.2, E.2 (eq. 3)",
-         "thresholds.grad_explode [1e3]",
-         "Scale residual branches (DeepScaleLM lambda/beta, GPT-2's 1/sqrt(2N)), see `initadvisor recommend`."),
-    Rule("IA302", "vanishing-gradient", "error", "Vanishing gradients towards the input",
-         "The loss gradient's second moment shrinks from the top of the stack to the input below the threshold "
-         "(Post-LN's exponential decay C5^(L - l) with C5 < 1).",
-         "grad_q[1] / grad_q[L]", "Kedia et al. 2024, App. E.2 (eq. 3)", "thresholds.grad_vanish [1e-3]",
-         "Use pre-LN or DeepScaleLM/DeepNorm scaling; see `initadvisor recommend`."),
-    Rule("IA303", "qk-gradient-vanishing", "warning", "Vanishing query/key gradients",
-         "Query/key gradients are negligible against value gradients at some block: correlated tokens "
-         "(rho -> 1) and a small score scale starve attention's Q/K of signal, so attention cannot learn.",
-         "E||dS/dW_Q||^2 / E||dS/dW_V||^2 = tau^2 sigma_x^4 (n-1)(1-rho)^2 (n+d) / (d n (1 + rho (n-1)))",
-         "Noci et al. 2022, eqs. 17, 18, 46", "thresholds.qk_grad_ratio_min [1e-4]",
-         "Avoid rank collapse (IA101), or temper the softmax with tau (Noci eq. 47), see `initadvisor recommend`."),
-    Rule("IA304", "qk-gradient-uniform-phase", "info", "Q/K gradients suppressed by uniform attention",
-         "In the uniform attention phase (beta < beta_c / 2) the query/key gradient carries the softmax "
-         "Jacobian's trace E tr(M^2) ~ Y2 ~ 1/T: small at initialisation, restored once skip connections move "
-         "the tokens (001 sec. 3.3).",
-         "T/(d^2 sqrt(ln T)) E||dL/dW_Q||^2 = C beta sigma_v^2 q (q-p)^2 [Y2 - 2 Y3 + E Y2^2]",
-         "Giorlandino & Goldt 2025, Result 2 (eq. 13, trace corrected)", "beta < beta_c / 2 at block 1",
-         "None needed with skip connections; a larger beta up to beta_c / 2 raises it."),
-    Rule("IA401", "width-rank-collapse", "info", "Rank collapse in width",
-         "A softmax attention matrix at init is a rank-one outlier (singular value ~1, along the all-ones "
-         "direction) over a bulk of order sqrt((e^V - 1) / T), so one attention layer's output has stable rank "
-         "near 1 at long contexts; skip connections carry the rank, removing the outlier (A - 11^T/T) restores it.",
-         "stable rank ||A X||_F^2 / ||A X||_2^2 vs the centered (A - 11^T/T) X; collapsed below 10% of it",
-         "Naderi, Nait Saada & Tanner 2025 (Mind the Gap), Thm. 1, 2, Prop. 3", "stable rank < 0.1 x centered",
-         "Use centered (gain-controlled) attention, model.attention: centered; keep the attention skip."),
-    Rule("IA901", "causal-positions", "info", "Causal model: position-resolved geometry",
-         "Token m of a causal model averages over m keys, so early tokens stay less correlated than late ones; "
-         "the tool propagates per-position overlaps, judges collapse on the late third of positions, and takes "
-         "the attention phase and gradients from the late-token (q, p) pair.",
-         "per-position overlaps through causal REM rows at m keys; attention-output variance ~ 1/m (003 Lemma 3)",
-         "Giorlandino & Goldt 2025, C.6; Chi et al. 2023, Lemma 3", "causal: true",
-         "None needed; read the `causal` object of the JSON report."),
+    Rule(
+        code="IA101", name="rank-collapse", severity="error", title="Rank collapse",
+        threshold_key="rank_collapse_rho",
+        criterion="rho >= rank_collapse_rho at some layer (causal: late third of positions)",
+        keys=_COLLAPSE_KEYS, check=rank_collapse,
+        meaning="Token representations converge to one direction: the mean cosine similarity rho between tokens "
+                "reaches the collapse threshold at some layer, so attention has nothing to distinguish and Q/K "
+                "gradients vanish.",
+        formula="rho_l = p_l / q_l from the (q, p) recurrence (001 Algorithms 1-3, eqs. 14-17)",
+        source="Giorlandino & Goldt 2025, Result 1, eqs. 11, 14-17",
+        fix="Strengthen the attention skip (alpha_SA >= alpha_c, see `initadvisor recommend`), use pre-LN, "
+            "centered attention, or fewer layers.",
+        fails={"model": {"layers": 8, "norm": "pre"}, "init": {"v": {"gain": 4}}},
+        passes={"model": {"layers": 8, "norm": "pre", "attention": "centered"}, "init": {"v": {"gain": 4}}},
+    ),
+    Rule(
+        code="IA102", name="collapse-trend", severity="warning", title="Collapse trend",
+        threshold_key="collapse_trend_rho", criterion="final rho >= collapse_trend_rho (and no IA101)",
+        keys=_COLLAPSE_KEYS, check=collapse_trend,
+        meaning="The final layer's rho is high: deeper variants of this model, or training, will push it into "
+                "collapse.",
+        formula="rho_L >= threshold", source="Giorlandino & Goldt 2025, eqs. 14-17",
+        fix="As for IA101: a stronger attention skip or centered attention.",
+        fails={"model": {"layers": 8, "norm": "pre"}, "residual": {"attention": {"skip": 0.7}, "mlp": {"skip": 0.7}}},
+        passes={"model": {"layers": 8, "norm": "pre"}, "residual": {"attention": {"skip": 1.0}, "mlp": {"skip": 1.0}}},
+    ),
+    Rule(
+        code="IA103", name="forward-variance", severity="error", title="Forward variance explodes or dies",
+        threshold_key="forward_ratio_max",
+        criterion="q_L / q_1 outside [1 / forward_ratio_max, forward_ratio_max]",
+        keys=("model.norm", "residual", "init.std", "model.layers"), check=forward_variance,
+        meaning="The residual stream's second moment changes by more than the threshold from block 1 to the last "
+                "block: without normalisation (or with residual gains above 1) it grows or decays exponentially "
+                "with depth and activations overflow or vanish in floating point.",
+        formula="q_L / q_1 from the forward recurrence (moments are capped at 10^250 to stay finite)",
+        source="Kedia et al. 2024, App. E.1 (eq. 2); Giorlandino & Goldt 2025, eq. 15",
+        fix="Use pre- or post-LN, or scale residual branches (DeepScaleLM lambda^2 + beta^2 = 1).",
+        fails={"model": {"layers": 24, "norm": "none"}, "init": {"std": 0.1}},
+        passes={"model": {"layers": 24, "norm": "pre"}, "init": {"std": 0.1}},
+    ),
+    Rule(
+        code="IA104", name="numeric-range", severity="error", title="A quantity leaves the engine's range",
+        threshold_key=None, criterion="a reported quantity beyond 10^200 or a positive one below 10^-200",
+        keys=("model.norm", "init.std", "residual", "model.layers"), check=numeric_range,
+        meaning="A predicted moment, gradient or derived quantity overflows (or a strictly positive one underflows) "
+                "the range the engine resolves: the engine caps moments at 10^250 to keep going, so the value is "
+                "reported as null and this finding names the quantity and the layers. In floating point the "
+                "network itself overflows or vanishes long before.",
+        formula="|x| >= 10^200, or 0 <= x <= 10^-200 for q, beta_c, tau and the other positive quantities",
+        source="IEEE 754 double range; the engine's clamp (core/attention.py HUGE)",
+        fix="Bring the forward variance under control first (IA103): a norm, smaller init stds or residual "
+            "scaling; see `initadvisor recommend`.",
+        fails={"model": {"layers": 24, "norm": "none"}, "init": {"std": 1000}},
+        passes={"model": {"layers": 24, "norm": "pre"}, "init": {"std": 1000}},
+    ),
+    Rule(
+        code="IA201", name="entropy-collapse", severity="error", title="Entropy collapse",
+        threshold_key=None, criterion="beta >= beta_c at some block",
+        keys=_BETA_KEYS, check=entropy_collapse,
+        meaning="The query/key scale beta is at or above the critical beta_c of the layer's input geometry: "
+                "attention rows condense on a few random tokens (localized REM phase) and training is unstable.",
+        formula="beta >= beta_c(q, p) = sqrt(2 / (q (q - p))); IPR Y2 = 1 - beta_c / beta",
+        source="Giorlandino & Goldt 2025, Result 1, eq. 12",
+        fix="Lower the Q/K init std (or init.qk_beta) below beta_c / 2, see `initadvisor recommend`.",
+        fails={"init": {"qk_beta": 1.8}}, passes={"init": {"qk_beta": 0.5}},
+    ),
+    Rule(
+        code="IA202", name="finite-size-crossover", severity="warning", title="Finite-size crossover",
+        threshold_key=None, criterion="beta_c / 2 <= beta < beta_c at the worst block",
+        keys=_BETA_KEYS, check=finite_size,
+        meaning="beta lies between beta_c/2 and beta_c: at finite sequence length the softmax partition function "
+                "is no longer Gaussian and attention is partly localized; the asymptotic laws are not sharp here.",
+        formula="beta_c / 2 <= beta < beta_c", source="Giorlandino & Goldt 2025, sec. 3.2 and B.3",
+        fix="Lower the Q/K init std below beta_c / 2.",
+        fails={"init": {"qk_beta": 1.0}}, passes={"init": {"qk_beta": 0.5}},
+    ),
+    Rule(
+        code="IA301", name="exploding-gradient", severity="error", title="Exploding gradients towards the input",
+        threshold_key="grad_explode", criterion="grad_q[1] / grad_q[L] > grad_explode",
+        keys=("model.norm", "residual.attention.block", "residual.mlp.block", "residual", "init.o", "init.ff_out",
+              "init.std", "model.layers"),
+        check=exploding_gradient,
+        meaning="The loss gradient's second moment grows from the top of the stack to the input beyond the "
+                "threshold: Pre-LN grows hyperbolically (q_L / q_l)^C, Post-LN exponentially C5^(L - l).",
+        formula="grad_q[1] / grad_q[L] (through the blocks) from the backward moment recurrence",
+        source="Kedia et al. 2024, App. E.1.2, E.2 (eq. 3)",
+        fix="Scale residual branches (DeepScaleLM lambda/beta, GPT-2's 1/sqrt(2N)), see `initadvisor recommend`.",
+        fails={"model": {"layers": 16, "norm": "none"}, "init": {"std": 0.1}},
+        passes={"model": {"layers": 16, "norm": "pre"}, "init": {"std": 0.1}},
+    ),
+    Rule(
+        code="IA302", name="vanishing-gradient", severity="error", title="Vanishing gradients towards the input",
+        threshold_key="grad_vanish", criterion="grad_q[1] / grad_q[L] < grad_vanish",
+        keys=("model.norm", "residual.attention.skip", "residual.mlp.skip", "residual", "init.std", "model.layers"),
+        check=vanishing_gradient,
+        meaning="The loss gradient's second moment shrinks from the top of the stack to the input below the "
+                "threshold (Post-LN's exponential decay C5^(L - l) with C5 < 1).",
+        formula="grad_q[1] / grad_q[L]", source="Kedia et al. 2024, App. E.2 (eq. 3)",
+        fix="Use pre-LN or DeepScaleLM/DeepNorm scaling; see `initadvisor recommend`.",
+        fails={"model": {"layers": 8, "norm": "none"}, "residual": {"attention": {"skip": 0.7}, "mlp": {"skip": 0.7}}},
+        passes={"model": {"layers": 8, "norm": "none"}, "residual": {"attention": {"skip": 1.0}, "mlp": {"skip": 1.0}}},
+    ),
+    Rule(
+        code="IA303", name="qk-gradient-vanishing", severity="warning", title="Vanishing query/key gradients",
+        threshold_key="qk_grad_ratio_min", criterion="Noci's Q/K-to-V gradient ratio < qk_grad_ratio_min at some block",
+        keys=("residual.attention.skip", "residual.attention", "init.qk_beta", "init.q", "init.k",
+              "model.softmax_scale", "model.layers"),
+        check=qk_gradient,
+        meaning="Query/key gradients are negligible against value gradients at some block: correlated tokens "
+                "(rho -> 1) and a small score scale starve attention's Q/K of signal, so attention cannot learn.",
+        formula="E||dS/dW_Q||^2 / E||dS/dW_V||^2 = tau^2 sigma_x^4 (n-1)(1-rho)^2 (n+d) / (d n (1 + rho (n-1)))",
+        source="Noci et al. 2022, eqs. 17, 18, 46",
+        fix="Avoid rank collapse (IA101), or temper the softmax with tau (Noci eq. 47), see `initadvisor recommend`.",
+        fails={"init": {"std": 0.002}}, passes={"init": {"std": 0.02}},
+    ),
+    Rule(
+        code="IA304", name="qk-gradient-uniform-phase", severity="info",
+        title="Q/K gradients suppressed by uniform attention",
+        threshold_key=None, criterion="beta < beta_c / 2 at block 1 (Result 2)",
+        keys=("init.qk_beta", "init.q", "init.k", "init.std", "sequence.length"), check=qk_uniform_phase,
+        meaning="In the uniform attention phase (beta < beta_c / 2) the query/key gradient carries the softmax "
+                "Jacobian's trace E tr(M^2) ~ Y2 ~ 1/T: small at initialisation, restored once skip connections "
+                "move the tokens (001 sec. 3.3).",
+        formula="T/(d^2 sqrt(ln T)) E||dL/dW_Q||^2 = C beta sigma_v^2 q (q-p)^2 [Y2 - 2 Y3 + E Y2^2]",
+        source="Giorlandino & Goldt 2025, Result 2 (eq. 13, trace corrected)",
+        fix="None needed with skip connections; a larger beta up to beta_c / 2 raises it.",
+        fails={"init": {"qk_beta": 0.3}}, passes={"init": {"qk_beta": 1.0}},
+    ),
+    Rule(
+        code="IA401", name="width-rank-collapse", severity="info", title="Rank collapse in width",
+        threshold_key=None, criterion="one attention output's stable rank < 10% of the centered one (paper 002)",
+        keys=("model.attention", "sequence.length"), check=width_collapse,
+        meaning="A softmax attention matrix at init is a rank-one outlier (singular value ~1, along the all-ones "
+                "direction) over a bulk of order sqrt((e^V - 1) / T), so one attention layer's output has stable "
+                "rank near 1 at long contexts; skip connections carry the rank, removing the outlier "
+                "(A - 11^T/T) restores it.",
+        formula="stable rank ||A X||_F^2 / ||A X||_2^2 vs the centered (A - 11^T/T) X; collapsed below 10% of it",
+        source="Naderi, Nait Saada & Tanner 2025 (Mind the Gap), Thm. 1, 2, Prop. 3",
+        fix="Use centered (gain-controlled) attention, model.attention: centered; keep the attention skip.",
+        fails={"sequence": {"length": 1024}},
+        passes={"model": {"attention": "centered"}, "sequence": {"length": 1024}},
+    ),
+    Rule(
+        code="IA901", name="causal-positions", severity="info", title="Causal model: position-resolved geometry",
+        threshold_key=None, criterion="model.causal: true",
+        keys=("model.causal",), check=causal_positions,
+        meaning="Token m of a causal model averages over m keys, so early tokens stay less correlated than late "
+                "ones; the tool propagates per-position overlaps, judges collapse on the late third of positions, "
+                "and takes the attention phase and gradients from the late-token (q, p) pair.",
+        formula="per-position overlaps through causal REM rows at m keys; attention-output variance ~ 1/m "
+                "(003 Lemma 3)",
+        source="Giorlandino & Goldt 2025, C.6; Chi et al. 2023, Lemma 3",
+        fix="None needed; read the `causal` object of the JSON report.",
+        fails={"model": {"causal": True}}, passes={"model": {"causal": False}},
+    ),
 ]}

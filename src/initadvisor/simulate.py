@@ -26,6 +26,7 @@ No torch here: the tests check this backward against torch autograd.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, fields
 from functools import lru_cache
@@ -35,7 +36,8 @@ import numpy as np
 from scipy.special import erf
 
 from initadvisor.core.causal import thirds
-from initadvisor.spec import Spec
+from initadvisor.core.model import EULER_GAMMA
+from initadvisor.spec import Spec, SpecError
 
 EPS = 1e-5
 GATED = {"swiglu": "silu", "geglu": "gelu"}
@@ -114,16 +116,64 @@ def init_network(spec: Spec, rng: np.random.Generator, dtype: Any = np.float64) 
 # Input (stream index 0)
 
 
+ZIPF_TABLE = 1 << 16  # ranks sampled from the exact cumulative law; beyond, H(i) ~ ln i + gamma is inverted
+
+
 @lru_cache(maxsize=8)
-def _zipf_cdf(vocab: int) -> np.ndarray:
-    c = np.cumsum(1.0 / np.arange(1, vocab + 1))
-    return c / c[-1]
+def _harmonic(n: int) -> np.ndarray:
+    return np.cumsum(1.0 / np.arange(1, n + 1))
+
+
+def zipf_ids(vocab: int, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Ids i.i.d. Zipf p_i ~ 1/i (rank i -> id i - 1), in memory bounded by ZIPF_TABLE whatever the vocabulary."""
+    head = _harmonic(min(vocab, ZIPF_TABLE))
+    total = head[-1] if vocab <= ZIPF_TABLE else math.log(vocab) + EULER_GAMMA + 1 / (2 * vocab)
+    u = rng.random(shape) * total
+    ids = np.searchsorted(head, u, side="right").astype(np.int64)  # rank i + 1 for H(i) <= u < H(i + 1)
+    tail = u >= head[-1]
+    ids[tail] = np.floor(np.exp(u[tail] - EULER_GAMMA))  # the rank whose H(rank) first exceeds u
+    return np.minimum(ids, vocab - 1)
 
 
 def sample_tokens(spec: Spec, batch: int, rng: np.random.Generator) -> np.ndarray:
-    """Token ids (batch, T), i.i.d. Zipf p_i ~ 1/i over the vocabulary."""
-    ids = np.searchsorted(_zipf_cdf(spec.vocab), rng.random((batch, spec.seq_len)), side="right")
-    return np.minimum(ids, spec.vocab - 1)
+    """Token ids (batch, T), i.i.d. Zipf over the vocabulary."""
+    return zipf_ids(spec.vocab, (batch, spec.seq_len), rng)
+
+
+MEMORY_SHARE = 0.5  # a verify may use at most this share of the machine's available memory
+
+
+def memory_needed(spec: Spec, batch: int, itemsize: int, tables: bool = False) -> int:
+    """Bytes one initialisation of ``batch`` sequences holds at its peak: weights, the stream at every layer,
+    and the per-block caches the backward needs (attention matrices, projections, MLP activations); `tables`:
+    the full embedding tables too (the PyTorch model builds them; numpy draws only the rows it uses)."""
+    d, f, T, H, L = spec.d_model, spec.d_ff, spec.seq_len, spec.heads, spec.layers
+    gates = 2 if spec.activation in GATED else 1
+    weights = 4 * d * d + (1 + gates) * d * f
+    per_block = (2 + (spec.attention_dropout > 0)) * H * T * T + 8 * T * d + (1 + 2 * gates) * T * f
+    table = spec.vocab * d + (T if "position" in spec.embeddings else 0) * d if tables else 0
+    return int(itemsize * (L * weights + table + batch * (L * per_block + (L + 2) * T * d)))
+
+
+def available_memory() -> int:
+    """MemAvailable from /proc/meminfo, else the physical memory."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_memory(spec: Spec, batch: int, itemsize: int, tables: bool = False) -> None:
+    """Refuse, before allocating, a measurement that would not fit in memory."""
+    need, have = memory_needed(spec, batch, itemsize, tables), available_memory()
+    if need > MEMORY_SHARE * have:
+        raise SpecError(f"measuring this network needs about {need / 2**30:.3g} GiB, over {MEMORY_SHARE:g} of the "
+                        f"{have / 2**30:.3g} GiB available: fewer layers, a smaller d_model, d_ff, vocab or sequence "
+                        "length (--seq-len) or --batch", spec.source or "<spec>")
 
 
 def embed(spec: Spec, batch: int, rng: np.random.Generator, dtype: Any = np.float64) -> np.ndarray:
@@ -604,6 +654,7 @@ def simulate(
     if seeds < 1 or batch < 1:
         raise ValueError("seeds and batch must be >= 1")
     dt = _check_dtype(dtype)
+    check_memory(spec, batch, dt.itemsize)
     runs = []
     t0 = time.perf_counter()
     for s in range(seeds):

@@ -184,18 +184,10 @@ REQUIRED = ("model.layers", "model.d_model", "model.heads")
 
 def load_spec(path: str | Path, project: dict[str, Any] | None = None) -> Spec:
     """Read and validate a YAML spec file; `project` ([tool.initadvisor]) supplies lower-priority defaults."""
-    path = Path(path)
+    from initadvisor.files import read_bounded
+
     fname = str(path)
-    if path.is_dir():
-        raise SpecError("is a directory, not a spec file", fname)
-    try:
-        if path.stat().st_size > MAX_BYTES:
-            raise SpecError(f"file too large ({path.stat().st_size} bytes; a spec is at most {MAX_BYTES})", fname)
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise SpecError("no such file", fname) from None
-    except OSError as e:
-        raise SpecError(f"cannot read: {e.strerror}", fname) from None
+    raw = read_bounded(path, MAX_BYTES, "spec file")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -423,7 +415,7 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
     ra, rm = data.get("residual", {}).get("attention", {}), data.get("residual", {}).get("mlp", {})
     rho = s.get("input_correlation", "auto")
     spec = Spec(
-        name=str(data.get("name", Path(fname).stem if fname != "<spec>" else "model")),
+        name=str(data.get("name", _stem_name(fname))),
         layers=m["layers"], d_model=d, heads=heads, d_ff=d_ff, norm=norm,
         norm_type=m.get("norm_type", "layernorm"), attention=m.get("attention", "softmax"),
         out_proj=m.get("out_proj", True), causal=m.get("causal", False), activation=m.get("activation", "gelu"),
@@ -447,6 +439,13 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
     except SpecError as e:
         raise _fail(e.message, e.key or "", lines, fname) from None
     return _resolve_qk_beta(spec)
+
+
+def _stem_name(fname: str) -> str:
+    """The default name, from the file name: printable, at most 200 characters (what `name` accepts)."""
+    if fname == "<spec>":
+        return "model"
+    return "".join(c if c.isprintable() else "?" for c in Path(fname).stem)[:200] or "model"
 
 
 def _resolve_qk_beta(spec: Spec) -> Spec:

@@ -24,7 +24,8 @@ def beta_c(q, p, q_query=None):
     """Critical beta (001 Result 1): sqrt(2 / (q (q - p))); q_query adds the query bias's share."""
     qq = q if q_query is None else q_query
     with np.errstate(divide="ignore", over="ignore"):
-        return np.minimum(np.sqrt(2.0 / (qq * np.maximum(q - p, 1e-300))), HUGE)  # collapsed tokens: no condensation
+        bc = np.sqrt(2.0 / (qq * np.maximum(q - p, 1e-300)))
+    return np.clip(bc, 1.0 / HUGE, HUGE)  # collapsed tokens: no condensation; an overflowed stream: never 0
 
 
 def participation(beta, bc, rho, T):

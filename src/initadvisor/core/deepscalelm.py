@@ -351,7 +351,8 @@ def dslm_init(n_layers: int, d: int, dropout: float, k: float = 2.0, r0: float =
     if simplified:
         var_vo = np.full(N, var_ffn)  # 004 App. M Fig. 14: v_proj, out_proj use sigma_f
     else:
-        var_vo = np.sqrt((1 - p) / corr[:-1]) / d  # 004 App. M Fig. 15: C1 r^{l,n} = 1 per layer
+        with np.errstate(divide="ignore"):  # r = 0: unbounded (inf), reported as undefined by recommend
+            var_vo = np.sqrt((1 - p) / corr[:-1]) / d  # 004 App. M Fig. 15: C1 r^{l,n} = 1 per layer
     caveats = []
     bound = k / N**2
     proven = not (post_ln and beta2 > bound * (1 + 1e-12))

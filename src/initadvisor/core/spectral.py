@@ -151,7 +151,7 @@ def _expected_max_entry(T, V):
     """Typical largest entry of A (over all T^2 entries): Gumbel-centred extreme of the scores
     divided by the rest of its row, T-1 lognormals of mean e^{V/2} each."""
     N = T * T
-    gstar = np.sqrt(V) * _inv_normal_cdf(1.0 - np.exp(-_EULER_GAMMA) / N)
+    gstar = -np.sqrt(V) * _inv_normal_cdf(np.exp(-_EULER_GAMMA) / N)  # upper quantile, exact for huge N
     log_rest = np.log(T - 1.0) + 0.5 * V
     # e^g / (e^g + rest), computed stably
     return 1.0 / (1.0 + np.exp(log_rest - gstar))
