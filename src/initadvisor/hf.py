@@ -85,8 +85,8 @@ def _typed(v: Any, kind: str, key: str, cfg: _Config) -> Any:
         if not isinstance(v, bool):
             raise cfg.error(f"expected true or false, got {v!r}", key)
     elif kind == "posint":
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise cfg.error(f"expected a positive whole number, got {v!r}", key)
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 10**12:
+            raise cfg.error(f"expected a whole number in [1, 1e12], got {str(v)[:40]}", key)
     elif kind in ("float", "prob"):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or abs(v) > 1e300 or not math.isfinite(v):
             raise cfg.error(f"expected a finite number, got {str(v)[:40]}", key)

@@ -434,10 +434,20 @@ def measure_hf_config(path, spec, seeds: int = 3, batch: int = 2, device: str = 
 
     from transformers import AutoConfig, AutoModel
 
-    folder = Path(path) if Path(path).is_dir() else Path(path).parent
-    config = AutoConfig.from_pretrained(folder)
-    return measure(lambda: AutoModel.from_config(config, attn_implementation="eager").to(device),
-                   seq_len=spec.seq_len, batch=batch, seeds=seeds, device=device)
+    from initadvisor.spec import SpecError, one_line
+
+    file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
+
+    def build() -> nn.Module:
+        return AutoModel.from_config(config, attn_implementation="eager").to(device)
+
+    try:  # transformers validates the config its own way: what it refuses is the input's fault, in one line
+        config = AutoConfig.from_pretrained(str(file))
+        build()
+    except Exception as e:  # noqa: BLE001
+        raise SpecError(one_line(f"transformers cannot build this model: {type(e).__name__}: {e}")[:300],
+                        str(file)) from None
+    return measure(build, seq_len=spec.seq_len, batch=batch, seeds=seeds, device=device)
 
 
 def apply(model: nn.Module, recommendation: dict) -> list[dict[str, Any]]:
