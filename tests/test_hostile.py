@@ -32,7 +32,7 @@ from initadvisor.spec import SpecError, build_spec, load_spec
 FUZZ = ROOT / "tests" / "fuzz"
 BAD = sorted((FUZZ / "bad").glob("*.yaml"))
 OK = sorted((FUZZ / "ok").glob("*.yaml"))
-TIME_LIMIT_S = 30.0  # per CLI call: a hang guard (a read that never ends), not a timing assertion
+TIME_LIMIT_S = 30.0  # per CLI call: the subprocess timeout, a hang guard (a read that never ends), not a timing check
 MEM_LIMIT = 2 * 1024**3  # RLIMIT_AS of each CLI subprocess
 MB5 = 5 * 1024 * 1024
 BASE = "model:\n  layers: 4\n  d_model: 64\n  heads: 4\n"
@@ -157,8 +157,7 @@ def assert_clean_refusal(res, path):
     assert "Traceback" not in text, text[-1500:]
     lines = text.splitlines()  # \r, \x85, \u2028 ... break a line in a terminal or CI log too
     assert len(lines) == 1 and text.endswith("\n"), f"{path}: stderr is not one line: {text[:500]!r}"
-    assert lines[0].startswith("initadvisor: error: "), lines[0]
-    assert secs < TIME_LIMIT_S, f"{path}: took {secs:.1f}s (limit {TIME_LIMIT_S}s)"
+    assert lines[0].startswith("initadvisor: error: "), lines[0]  # a hang shows as rc "timeout" (run_cli)
 
 
 # --------------------------------------------------------------------------------------------- generated cases
@@ -277,7 +276,7 @@ def test_cli_answers_odd_but_valid_file(path, cli_results):
         rc, out, err, secs = cli_results[(fmt, path.name)]
         text = err.decode("utf-8", "replace")
         assert rc in (0, 1), f"{path.name} ({fmt}): exit {rc}, stderr:\n{text[-1500:]}"
-        assert "Traceback" not in text and secs < TIME_LIMIT_S
+        assert "Traceback" not in text  # a hang shows as rc "timeout", failing the exit-code check
         if fmt == "ok-json":
             rep = strict_json(out.decode())
             assert rep["verdict"] == ("pass" if rc == 0 else "fail")

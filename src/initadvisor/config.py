@@ -46,7 +46,8 @@ def load_project(start: Path | None = None) -> dict[str, Any]:
         raise SpecError(f"malformed TOML: {e}", str(f)) from None
 
     def bad(msg: str, key: str) -> SpecError:
-        return SpecError(msg, str(f), _line(text, key.split(".")[-1] or "initadvisor"), f"tool.initadvisor.{key}".rstrip("."))
+        line = _line(text, key.split(".")[-1] or "initadvisor")
+        return SpecError(msg, str(f), line, f"tool.initadvisor.{key}".rstrip("."))
 
     if not isinstance(tool, dict):
         raise SpecError("expected a table", str(f), _line(text, "tool"), "tool")

@@ -234,8 +234,9 @@ def recommend(spec: Spec, rho_max: float = 0.99, k: float = 2.0, alpha_mlp: bool
         "alpha_c_mlp": None if a_m is None else _f(a_m), "alpha_c_mlp_how": a_m_how, "rho_max": rho_max,
         "tau": _f(tau), "tau_per_layer": [_f(x) for x in taus], "tau_beta": _f(tau_beta),
         "tau_note": ("eq. 47 assumes uniform attention; its tau corresponds to beta = "
-                     f"{show(tau_beta, '.3f')}" + (f" >= beta_c/2 = {show(bc.min() / 2, '.3f')}: it would leave the uniform phase, "
-                                           "keep beta_recommended" if tau_beta >= bc.min() / 2 else "")),
+                     f"{show(tau_beta, '.3f')}" + (f" >= beta_c/2 = {show(bc.min() / 2, '.3f')}: it would leave the "
+                                                  "uniform phase, keep beta_recommended"
+                                                  if tau_beta >= bc.min() / 2 else "")),
         "deepscalelm": {
             "k": k, "lambda2": _f(ds.lambda2), "beta2": _f(ds.beta2), "sigma_e2": _f(ds.var_embd),
             "sigma_f2": _f(ds.var_ffn), "sigma_qk2": _f(ds.var_qk),

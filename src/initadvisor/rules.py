@@ -109,7 +109,8 @@ def collapse_trend(spec, a) -> list[Finding]:
     rho, th = _rho(spec, a), spec.thresholds["collapse_trend_rho"]
     if _collapse_at(spec, a) is not None or not rho[-1] >= th:  # IA101 takes precedence
         return []
-    return [finding("IA102", f"final rho {show(rho[-1], '.4f')} >= {th} (rho rises from {show(rho[0], '.3f')} at the input)",
+    return [finding("IA102", f"final rho {show(rho[-1], '.4f')} >= {th} (rho rises from "
+                             f"{show(rho[0], '.3f')} at the input)",
                     spec.layers)]
 
 
@@ -136,15 +137,17 @@ def entropy_collapse(spec, a) -> list[Finding]:
     t, (x, w) = a.trace, _beta_ratio(a)
     if not x[w] >= 1.0:
         return []
-    return [finding("IA201", f"beta {show(t.beta[w], '.3f')} >= beta_c {show(t.beta_c[w], '.3f')} at block {w + 1} (IPR Y2 "
-                             f"{show(t.y2[w], '.3f')}; {int((x >= 1).sum())} of {spec.layers} blocks localized)", w + 1)]
+    return [finding("IA201", f"beta {show(t.beta[w], '.3f')} >= beta_c {show(t.beta_c[w], '.3f')} at block "
+                             f"{w + 1} (IPR Y2 {show(t.y2[w], '.3f')}; {int((x >= 1).sum())} of {spec.layers} "
+                             "blocks localized)", w + 1)]
 
 
 def finite_size(spec, a) -> list[Finding]:
     t, (x, w) = a.trace, _beta_ratio(a)
     if not 0.5 <= x[w] < 1.0:
         return []
-    return [finding("IA202", f"beta {show(t.beta[w], '.3f')} is in [beta_c/2, beta_c) = [{show(t.beta_c[w] / 2, '.3f')}, "
+    return [finding("IA202", f"beta {show(t.beta[w], '.3f')} is in [beta_c/2, beta_c) = "
+                             f"[{show(t.beta_c[w] / 2, '.3f')}, "
                              f"{show(t.beta_c[w], '.3f')}) at block {w + 1}", w + 1)]
 
 
@@ -204,7 +207,8 @@ def causal_positions(spec, a) -> list[Finding]:
     if a.ct is None:
         return []
     e, m, late = a.ct.rho_thirds[-1]
-    return [finding("IA901", f"causal attention, position-resolved: final rho {show(e, '.3f')} / {show(m, '.3f')} / {show(late, '.3f')} "
+    return [finding("IA901", f"causal attention, position-resolved: final rho {show(e, '.3f')} / "
+                             f"{show(m, '.3f')} / {show(late, '.3f')} "
                              f"for early / middle / late tokens (mean {show(a.ct.rho_mean[-1], '.3f')}); attention phase "
                              "and gradients from the late-token pair (001 C.6)")]
 
