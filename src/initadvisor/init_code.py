@@ -1,9 +1,9 @@
 """A ready-to-paste PyTorch `init_weights(model)` for a recommended spec.
 
-The snippet is for people to paste; it is never executed by initadvisor. `initadvisor.torch.apply` does the
-same thing from the numbers (`numbers(spec)`) and the module-name rules (`RULES`, the same list the snippet
-prints), and the tests check that the two give the same weights. Module names covered: HuggingFace
-BERT/RoBERTa/ELECTRA, GPT-2, GPT-NeoX, Llama/Mistral/Qwen2, and nanoGPT.
+The snippet is for people to paste; initadvisor never executes it. Its loop is `init_matrices`, printed from its
+own source: `initadvisor.torch.apply` calls the same function with the numbers (`numbers(spec)`) and `RULES`,
+so a recommendation JSON can never run code and the paste and `apply` cannot drift apart. Module names
+covered: HuggingFace BERT/RoBERTa/ELECTRA, GPT-2, GPT-NeoX, Llama/Mistral/Qwen2, and nanoGPT.
 """
 
 from __future__ import annotations
@@ -24,39 +24,47 @@ _RULES_TEXT = """[
 ]"""
 RULES: list[tuple[str, str]] = ast.literal_eval(_RULES_TEXT)
 
-TEMPLATE = '''\
-import torch
+def init_matrices(model, std, bias_std, rules, heads):
+    """Draw every recognised matrix N(0, std[role]^2) (biases bias_std[role], else 0); returns {name: role}."""
+    import torch
 
+    done = {}
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            role = next((r for suffix, r in rules if name.endswith(suffix)), None)
+            w = getattr(module, "weight", None)
+            if role is None or not isinstance(w, torch.Tensor) or w.dim() != 2:
+                continue
+            if role == "qkv":  # GPT-2 Conv1D (d, 3d) or nanoGPT Linear (3d, d): [q | k | v] blocks
+                parts = w.chunk(3, dim=1 if type(module).__name__ == "Conv1D" else 0)
+                for part, r in zip(parts, "qkv"):
+                    part.normal_(0.0, std[r])
+            elif role == "qkv-neox":  # GPT-NeoX: rows interleaved per head as (head, [q, k, v], head_dim)
+                view = w.view(heads, 3, -1, w.shape[1])
+                for i, r in enumerate("qkv"):
+                    view[:, i].normal_(0.0, std[r])
+            else:
+                w.normal_(0.0, std[role])
+            b = getattr(module, "bias", None)
+            if isinstance(b, torch.Tensor):
+                b.normal_(0.0, bias_std[role]) if bias_std.get(role) else b.zero_()
+            done[name] = role
+    return done
+
+
+# The snippet: the numbers, the rules and init_matrices' own source (one definition for `apply` and the paste).
+TEMPLATE = '''\
 STD = {std}
 BIAS_STD = {bias_std}
 # (module-name suffix, role); the first match wins, so the more specific suffixes come first.
 RULES = ''' + _RULES_TEXT + '''
 
 
-@torch.no_grad()
+{source}
+
 def init_weights(model, heads={heads}):
     """Initialise every recognised matrix with the recommended std; returns {{module name: role}}."""
-    done = {{}}
-    for name, module in model.named_modules():
-        role = next((r for suffix, r in RULES if name.endswith(suffix)), None)
-        w = getattr(module, "weight", None)
-        if role is None or not isinstance(w, torch.Tensor) or w.dim() != 2:
-            continue
-        if role == "qkv":  # GPT-2 Conv1D (d, 3d) or nanoGPT Linear (3d, d): [q | k | v] blocks
-            parts = w.chunk(3, dim=1 if type(module).__name__ == "Conv1D" else 0)
-            for part, r in zip(parts, "qkv"):
-                part.normal_(0.0, STD[r])
-        elif role == "qkv-neox":  # GPT-NeoX: rows interleaved per head as (head, [q, k, v], head_dim)
-            view = w.view(heads, 3, -1, w.shape[1])
-            for i, r in enumerate("qkv"):
-                view[:, i].normal_(0.0, STD[r])
-        else:
-            w.normal_(0.0, STD[role])
-        b = getattr(module, "bias", None)
-        if isinstance(b, torch.Tensor):
-            b.normal_(0.0, BIAS_STD[role]) if BIAS_STD.get(role) else b.zero_()
-        done[name] = role
-    return done
+    return init_matrices(model, STD, BIAS_STD, RULES, heads)
 '''
 
 
@@ -70,7 +78,9 @@ def numbers(spec) -> tuple[dict[str, float], dict[str, float], int]:
 def render(spec) -> str:
     """The snippet with the spec's per-matrix stds filled in."""
     std, bias, heads = numbers(spec)
-    return TEMPLATE.format(std=std, bias_std=bias, heads=heads)
+    import inspect
+
+    return TEMPLATE.format(std=std, bias_std=bias, heads=heads, source=inspect.getsource(init_matrices))
 
 
 def residual_instructions(spec) -> list[str]:

@@ -459,7 +459,7 @@ def apply(model: nn.Module, recommendation: dict) -> list[dict[str, Any]]:
     text itself is never executed, so a JSON file cannot run code. Returns, per initialised module, its role
     and the weight std before and after. Residual scales live in forward() and are not changed: see
     recommendation['residual_instructions']."""
-    from initadvisor.init_code import RULES, numbers
+    from initadvisor.init_code import RULES, init_matrices, numbers
     from initadvisor.spec import build_spec
 
     patched = recommendation.get("patched_spec") if isinstance(recommendation, dict) else None
@@ -469,26 +469,6 @@ def apply(model: nn.Module, recommendation: dict) -> list[dict[str, Any]]:
     modules = dict(model.named_modules())
     before = {n: float(m.weight.detach().float().std()) for n, m in modules.items()
               if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2}
-    done: dict[str, str] = {}
-    with torch.no_grad():
-        for name, module in model.named_modules():  # the snippet's loop (initadvisor.init_code.TEMPLATE)
-            role = next((r for suffix, r in RULES if name.endswith(suffix)), None)
-            w = getattr(module, "weight", None)
-            if role is None or not isinstance(w, torch.Tensor) or w.dim() != 2:
-                continue
-            if role == "qkv":  # GPT-2 Conv1D (d, 3d) or nanoGPT Linear (3d, d): [q | k | v] blocks
-                parts = w.chunk(3, dim=1 if type(module).__name__ == "Conv1D" else 0)
-                for part, r in zip(parts, "qkv"):
-                    part.normal_(0.0, std[r])
-            elif role == "qkv-neox":  # GPT-NeoX: rows interleaved per head as (head, [q, k, v], head_dim)
-                view = w.view(heads, 3, -1, w.shape[1])
-                for i, r in enumerate("qkv"):
-                    view[:, i].normal_(0.0, std[r])
-            else:
-                w.normal_(0.0, std[role])
-            b = getattr(module, "bias", None)
-            if isinstance(b, torch.Tensor):
-                b.normal_(0.0, bias_std[role]) if bias_std.get(role) else b.zero_()
-            done[name] = role
+    done = init_matrices(model, std, bias_std, RULES, heads)  # the snippet's own function
     return [{"module": n, "role": role, "std_before": before.get(n),
              "std_after": float(modules[n].weight.detach().float().std())} for n, role in done.items()]
