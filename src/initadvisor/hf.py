@@ -1,15 +1,8 @@
 """Import a HuggingFace `config.json` as an initadvisor spec.
 
 Reads the JSON file with the `json` module only (never the network, never `transformers`) and maps the fields
-that matter for signal propagation at initialisation onto the spec's YAML layout. The family conventions
-(norm placement, embeddings, initialisation) follow what `transformers` does when it builds a randomly
-initialised model from the config (`AutoModel.from_config`), as of transformers 5.x:
-
-* every `nn.Linear` / `Conv1D` weight and every `nn.Embedding` table ~ N(0, initializer_range^2), every bias 0,
-  every norm gain 1 (`PreTrainedModel._init_weights`);
-* GPT-2 re-draws both `c_proj` weights (attention output and MLP down projection) with
-  std = initializer_range / sqrt(2 * n_layer) (`GPT2PreTrainedModel._init_weights`);
-* GPT-NeoX, Llama, Mistral and Qwen2 use the plain rule for every matrix (no depth scaling).
+that matter for signal propagation at initialisation onto the spec's YAML layout, by the mapping of the
+config's `model_type` in `initadvisor.families` (which also says what transformers' initialisation is).
 
 Everything the theory cannot use is listed in the notes, so nothing is dropped silently.
 """
@@ -22,24 +15,12 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from .families import FAMILIES
 from .files import read_bounded
-from .spec import MATRICES, Spec, SpecError, build_spec
+from .spec import Spec, SpecError, build_spec
 
-SUPPORTED = ("bert", "roberta", "electra", "gpt2", "gpt_neox", "llama", "mistral", "qwen2")
+SUPPORTED = tuple(FAMILIES)
 MAX_BYTES = 10_000_000  # a config.json is a few kB
-
-# hidden_act / activation_function -> spec activation (ungated MLPs).
-# gelu_new, gelu_fast, gelu_accurate and gelu_pytorch_tanh all compute the tanh approximation of GELU.
-_ACT = {
-    "relu": "relu", "gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh",
-    "gelu_accurate": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu", "swish": "silu",
-    "tanh": "tanh", "linear": "linear",
-}
-# close approximations, mapped with a note
-_ACT_APPROX = {"quick_gelu": "gelu", "gelu_10": "gelu"}
-# gate activation of the gated MLPs (Llama family: down(act(gate(x)) * up(x)))
-_GATED = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_python": "geglu"}
-_GATED_APPROX = {"gelu_new": "geglu", "gelu_fast": "geglu", "gelu_accurate": "geglu", "gelu_pytorch_tanh": "geglu"}
 
 
 class _Config:
@@ -243,272 +224,14 @@ def to_yaml(spec_dict: dict[str, Any], notes: list[str] | tuple[str, ...] = (), 
 
 
 # ---------------------------------------------------------------------------------------------
-# Family mappings
+# Dispatch on model_type (the family mappings are in families.py)
 
 
 def _map(cfg: _Config) -> tuple[dict[str, Any], list[str]]:
     mt = cfg.get("model_type", "str", required=True)
-    if mt not in SUPPORTED:
+    family = FAMILIES.get(mt)
+    if family is None:
         raise cfg.error(f"unsupported model_type {mt!r} (supported: {', '.join(SUPPORTED)})", "model_type")
     notes: list[str] = []
     name = cfg.get("_name_or_path", "str") or mt
-    if mt in ("bert", "roberta", "electra"):
-        out = _bert_like(cfg, mt, notes)
-    elif mt == "gpt2":
-        out = _gpt2(cfg, notes)
-    elif mt == "gpt_neox":
-        out = _gpt_neox(cfg, notes)
-    else:
-        out = _llama_like(cfg, mt, notes)
-    return {"name": name, **out}, notes
-
-
-def _activation(cfg: _Config, key: str, default: str, gated: bool, notes: list[str],
-                aliases: tuple[str, ...] = ()) -> str:
-    act = cfg.get(key, "str", default, spec_key="model.activation", aliases=aliases)
-    exact, approx = (_GATED, _GATED_APPROX) if gated else (_ACT, _ACT_APPROX)
-    if act in exact:
-        return exact[act]
-    if act in approx:
-        notes.append(f"{key} {act!r} approximated by '{approx[act]}'")
-        return approx[act]
-    what = "gate activation" if gated else "activation"
-    supported = sorted(set(exact) | set(approx))
-    raise cfg.error(f"unsupported {what} {act!r} (supported: {', '.join(supported)})", key)
-
-
-def _init_std(cfg: _Config, notes: list[str]) -> float:
-    r = cfg.get("initializer_range", "float", 0.02, spec_key="init.std")
-    if r == 0:  # PreTrainedModel._init_weights: `std = config.initializer_range or 0.02`
-        notes.append("initializer_range 0 is replaced by 0.02 in transformers (`initializer_range or 0.02`)")
-        return 0.02
-    return r
-
-
-def _init(std: float, **per_matrix: float) -> dict[str, Any]:
-    init: dict[str, Any] = {"std": std}
-    for m in MATRICES:
-        init[m] = {"std": per_matrix.get(m, std), "bias_std": 0.0}
-    return init
-
-
-def _attention_scale(d: int, heads: int, head_dim: int, scale: float) -> float | None:
-    """softmax_scale in the spec's terms (logits = scale * sum over d_model/heads coordinates), None if standard.
-
-    The real logit sums head_dim products; keeping its variance scale^2 * head_dim gives the spec's scale."""
-    s = scale * math.sqrt(head_dim / (d // heads)) if d >= heads else scale
-    return None if math.isclose(s, 1.0 / math.sqrt(max(d // heads, 1)), rel_tol=1e-12) else s
-
-
-def _cross_attention(cfg: _Config, notes: list[str]) -> bool:
-    if cfg.get("add_cross_attention", "bool", None):
-        notes.append("add_cross_attention: the cross-attention blocks of an encoder-decoder are not modelled")
-        return True
-    return False
-
-
-def _seq(cfg: _Config, key: str, aliases: tuple[str, ...] = ()) -> int:
-    return cfg.get(key, "posint", required=True, spec_key="sequence.length", aliases=aliases)
-
-
-def _shape(cfg: _Config) -> tuple[int, int, int, int]:
-    """Depth, width, heads and FFN width under the field names BERT-style, GPT-NeoX and Llama configs share."""
-    g = cfg.get
-    return (g("num_hidden_layers", "posint", required=True, spec_key="model.layers"),
-            g("hidden_size", "posint", required=True, spec_key="model.d_model"),
-            g("num_attention_heads", "posint", required=True, spec_key="model.heads"),
-            g("intermediate_size", "posint", required=True, spec_key="model.d_ff"))
-
-
-def _bert_like(cfg: _Config, mt: str, notes: list[str]) -> dict[str, Any]:
-    g = cfg.get
-    layers, d, heads, d_ff = _shape(cfg)
-    act = _activation(cfg, "hidden_act", "gelu", False, notes)
-    causal = g("is_decoder", "bool", None, spec_key="model.causal") or False
-    if causal:
-        notes.append("is_decoder: true, so self-attention is causal")
-    _cross_attention(cfg, notes)
-    n_pos = _seq(cfg, "max_position_embeddings")
-    length = n_pos
-    if mt == "roberta":
-        pad = g("pad_token_id", "any", None)
-        pad = pad if isinstance(pad, int) and not isinstance(pad, bool) and pad >= 0 else 1
-        length = n_pos - (pad + 1)
-        notes.append(f"RoBERTa position ids start at pad_token_id + 1 = {pad + 1}: "
-                     f"sequence.length = max_position_embeddings {n_pos} - {pad + 1} = {length}")
-        if length < 2:
-            raise cfg.error(f"leaves a sequence length of {length} after RoBERTa's padding offset {pad + 1}",
-                            "max_position_embeddings")
-    pos_type = g("position_embedding_type", "str", None)
-    if pos_type not in (None, "absolute"):
-        notes.append(f"position_embedding_type {pos_type!r}: transformers 5.x builds absolute position "
-                     "embeddings regardless; mapped as absolute, relative position terms not modelled")
-    vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
-    type_vocab = g("type_vocab_size", "any", 2)
-    embeddings = ["token", "position"]
-    if isinstance(type_vocab, int) and not isinstance(type_vocab, bool) and type_vocab >= 1:
-        embeddings.append("segment")
-        notes.append("segment embedding: token_type_ids default to 0, so one token_type row is shared by all tokens")
-    if mt == "electra":
-        e = g("embedding_size", "posint", 128)
-        if e != d:
-            notes.append(f"ELECTRA embedding_size {e} != hidden_size {d}: the embeddings_project linear map "
-                         f"(std initializer_range, zero bias) after the embedding LayerNorm is not modelled; the spec "
-                         f"takes the layer-0 input as the LayerNorm output (second moment 1), the real one has second "
-                         f"moment about initializer_range^2 * {e}")
-    std = _init_std(cfg, notes)
-    drop = g("hidden_dropout_prob", "prob", 0.1, spec_key="dropout")
-    attn_drop = g("attention_probs_dropout_prob", "prob", 0.1, spec_key="attention_dropout")
-    return {
-        "model": {"layers": layers, "d_model": d, "heads": heads, "kv_heads": heads, "d_ff": d_ff, "norm": "post",
-                  "norm_type": "layernorm", "attention": "softmax", "out_proj": True, "causal": causal,
-                  "activation": act, "embedding_norm": True, "parallel_residual": False},
-        "sequence": {"length": length, "vocab": vocab, "embeddings": embeddings},
-        "dropout": drop, "attention_dropout": attn_drop,
-        "init": _init(std),
-    }
-
-
-def _dropouts(cfg: _Config, notes: list[str], resid: str, emb: str, default: float) -> float:
-    r = cfg.get(resid, "prob", default, spec_key="dropout")
-    e = cfg.get(emb, "prob", default)
-    if r != e:
-        notes.append(f"embedding dropout {emb}={e} differs from residual dropout {resid}={r}: "
-                     f"the spec has one dropout rate, {resid} used")
-    return r
-
-
-def _rotary_note(cfg: _Config, notes: list[str], partial_key: str | None = None) -> None:
-    rp = cfg.raw.get("rope_parameters")
-    rp = rp if isinstance(rp, dict) else {}
-    rs = cfg.raw.get("rope_scaling")
-    rs = rs if isinstance(rs, dict) else {}
-    frac = rp.get("partial_rotary_factor", cfg.raw.get("partial_rotary_factor"))
-    if partial_key and cfg.raw.get(partial_key) is not None:
-        frac = cfg.raw[partial_key]
-    where = "" if frac in (None, 1, 1.0) else f" (on a fraction {frac} of each head's dimensions)"
-    notes.append(f"rotary position embedding{where} is not modelled: the spec has token embeddings only, so "
-                 "attention logits at initialisation carry no position information")
-    rtype = rp.get("rope_type") or rs.get("rope_type") or rs.get("type")
-    if rtype not in (None, "default"):
-        notes.append(f"rope_type {rtype!r}: RoPE scaling (and any attention_factor it applies to the logits) "
-                     "is not modelled")
-
-
-def _decoder(layers: int, d: int, heads: int, kv: int, d_ff: int, act: str, norm_type: str, parallel: bool,
-             scale: float | None) -> dict[str, Any]:
-    """The `model` section of a pre-LN causal decoder (GPT-2, GPT-NeoX, Llama family)."""
-    model = {"layers": layers, "d_model": d, "heads": heads, "kv_heads": kv, "d_ff": d_ff, "norm": "pre",
-             "norm_type": norm_type, "attention": "softmax", "out_proj": True, "causal": True, "activation": act,
-             "embedding_norm": False, "parallel_residual": parallel}
-    if scale is not None:
-        model["softmax_scale"] = scale
-    return model
-
-
-def _gpt2(cfg: _Config, notes: list[str]) -> dict[str, Any]:
-    g = cfg.get
-    layers = g("n_layer", "posint", required=True, spec_key="model.layers", aliases=("num_hidden_layers",))
-    d = g("n_embd", "posint", required=True, spec_key="model.d_model", aliases=("hidden_size",))
-    heads = g("n_head", "posint", required=True, spec_key="model.heads", aliases=("num_attention_heads",))
-    n_inner = g("n_inner", "posint", None, spec_key="model.d_ff")
-    d_ff = n_inner if n_inner is not None else 4 * d
-    if n_inner is None:
-        notes.append(f"n_inner is null: d_ff = 4 * n_embd = {d_ff}")
-    act = _activation(cfg, "activation_function", "gelu_new", False, notes)
-    length = _seq(cfg, "n_positions", aliases=("n_ctx", "max_position_embeddings"))
-    vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
-    _cross_attention(cfg, notes)
-    scale_weights = g("scale_attn_weights", "bool", True, spec_key="model.softmax_scale")
-    d_head = d // heads if d >= heads else 1
-    scale = _attention_scale(d, heads, d_head, 1.0 / math.sqrt(d_head) if scale_weights else 1.0)
-    if not scale_weights:
-        notes.append("scale_attn_weights: false, so attention logits are not divided by sqrt(head_dim): "
-                     "softmax_scale 1")
-    if g("scale_attn_by_inverse_layer_idx", "bool", None):
-        notes.append("scale_attn_by_inverse_layer_idx: true divides layer l's logits by l + 1 (l = 0, 1, ...): "
-                     "per-layer scales are not modelled, the spec uses layer 0's for every layer")
-    std = _init_std(cfg, notes)
-    proj = std / math.sqrt(2 * layers)
-    notes.append(f"GPT-2 init: both c_proj weights (attention output, MLP down projection) have std "
-                 f"initializer_range / sqrt(2 * n_layer) = {std:g} / sqrt({2 * layers}) = {proj:.6g}")
-    drop = _dropouts(cfg, notes, "resid_pdrop", "embd_pdrop", 0.1)
-    attn_drop = g("attn_pdrop", "prob", 0.1, spec_key="attention_dropout")
-    return {
-        "model": _decoder(layers, d, heads, heads, d_ff, act, "layernorm", False, scale),
-        "sequence": {"length": length, "vocab": vocab, "embeddings": ["token", "position"]},
-        "dropout": drop, "attention_dropout": attn_drop,
-        "init": _init(std, o=proj, ff_out=proj),
-    }
-
-
-def _gpt_neox(cfg: _Config, notes: list[str]) -> dict[str, Any]:
-    g = cfg.get
-    layers, d, heads, d_ff = _shape(cfg)
-    act = _activation(cfg, "hidden_act", "gelu", False, notes)
-    parallel = g("use_parallel_residual", "bool", True, spec_key="model.parallel_residual")
-    length = _seq(cfg, "max_position_embeddings")
-    vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
-    _rotary_note(cfg, notes, "rotary_pct")
-    std = _init_std(cfg, notes)
-    drop = g("hidden_dropout", "prob", 0.0, spec_key="dropout")  # embedding dropout uses the same rate
-    attn_drop = g("attention_dropout", "prob", 0.0, spec_key="attention_dropout")
-    return {
-        "model": _decoder(layers, d, heads, heads, d_ff, act, "layernorm", parallel, None),
-        "sequence": {"length": length, "vocab": vocab, "embeddings": ["token"]},
-        "dropout": drop, "attention_dropout": attn_drop,
-        "init": _init(std),
-    }
-
-
-def _llama_like(cfg: _Config, mt: str, notes: list[str]) -> dict[str, Any]:
-    g = cfg.get
-    layers, d, heads, d_ff = _shape(cfg)
-    kv = g("num_key_value_heads", "posint", None, spec_key="model.kv_heads")
-    kv = heads if kv is None else kv
-    act = _activation(cfg, "hidden_act", "silu", True, notes)
-    length = _seq(cfg, "max_position_embeddings")
-    vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
-    head_dim = g("head_dim", "posint", None, spec_key="model.softmax_scale") or (d // heads if d >= heads else 1)
-    scale = _attention_scale(d, heads, head_dim, head_dim ** -0.5)
-    if heads * head_dim != d:
-        notes.append(f"head_dim {head_dim} != hidden_size / num_attention_heads = {d / heads:g}: the spec assumes "
-                     f"heads * head_dim = d_model; the logit variance (scale head_dim^-0.5 over head_dim terms) is "
-                     f"that of the spec's default softmax_scale, but the output projection's fan-in "
-                     f"{heads * head_dim} is taken as {d}")
-    _rotary_note(cfg, notes)
-    _sliding_window(cfg, mt, layers, length, notes)
-    std = _init_std(cfg, notes)
-    attn_drop = g("attention_dropout", "prob", 0.0, spec_key="attention_dropout")
-    return {
-        "model": _decoder(layers, d, heads, kv, d_ff, act, "rmsnorm", False, scale),
-        "sequence": {"length": length, "vocab": vocab, "embeddings": ["token"]},
-        "dropout": 0.0,  # no embedding or residual dropout in these families
-        "attention_dropout": attn_drop,
-        "init": _init(std),
-    }
-
-
-def _sliding_window(cfg: _Config, mt: str, layers: int, length: int, notes: list[str]) -> None:
-    if mt == "llama":
-        return
-    g = cfg.get
-    if mt == "mistral":
-        window = g("sliding_window", "posint", 4096 if "sliding_window" not in cfg.raw else None)
-        n_sliding = layers if window is not None else 0
-    else:  # qwen2: the config nulls sliding_window unless use_sliding_window; layer_types says which layers
-        if not g("use_sliding_window", "bool", False):
-            return
-        window = g("sliding_window", "posint", 4096 if "sliding_window" not in cfg.raw else None)
-        types = cfg.raw.get("layer_types")
-        if isinstance(types, list):
-            cfg.used.add("layer_types")
-            n_sliding = sum(t == "sliding_attention" for t in types)
-        else:
-            mwl = g("max_window_layers", "any", 28)
-            mwl = mwl if isinstance(mwl, int) and not isinstance(mwl, bool) else 28
-            n_sliding = max(layers - mwl, 0)
-    length = cfg.seq_len or length
-    if n_sliding and window is not None and window < length:
-        notes.append(f"sliding-window attention (window {window}) in {n_sliding} of {layers} layers is not "
-                     f"modelled: the spec attends over the whole causal prefix of {length} tokens")
+    return {"name": name, **family.to_spec(cfg, family, notes)}, notes

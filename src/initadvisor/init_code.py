@@ -4,6 +4,8 @@ The snippet is for people to paste; initadvisor never executes it. Its loop is `
 own source: `initadvisor.torch.apply` calls the same function with the numbers (`numbers(spec)`) and `RULES`,
 so a recommendation JSON can never run code and the paste and `apply` cannot drift apart. Module names
 covered: HuggingFace BERT/RoBERTa/ELECTRA, GPT-2, GPT-NeoX, Llama/Mistral/Qwen2, and nanoGPT.
+The rules live here, not in `initadvisor.families`, because the snippet prints them and must not import
+initadvisor; each registry entry there names the rules its family's modules match.
 """
 
 from __future__ import annotations

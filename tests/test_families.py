@@ -1,0 +1,146 @@
+"""The family registry against the real models: each entry's block paths, weight-role rules, fused-QKV layout and
+attention-dropout key checked on the randomly initialised transformers model built from tests/data/hf/<family>/
+(2 layers, d_model 64)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from initadvisor.families import ATTN_DROPOUT_KEYS, BLOCK_PATHS, FAMILIES
+from initadvisor.hf import SUPPORTED, import_config
+from initadvisor.init_code import RULES, init_matrices
+
+DATA = Path(__file__).parent / "data" / "hf"
+
+
+def test_registry_covers_the_test_configs_and_every_rule() -> None:
+    assert SUPPORTED == tuple(FAMILIES)
+    assert sorted(FAMILIES) == sorted(p.name for p in DATA.iterdir())
+    for mt, fam in FAMILIES.items():
+        assert fam.model_type == mt == json.loads((DATA / mt / "config.json").read_text())["model_type"]
+        assert set(fam.blocks) <= set(BLOCK_PATHS)
+        assert fam.attn_dropout_key in ATTN_DROPOUT_KEYS
+        assert (fam.fused_qkv is None) == ({"q", "k", "v"} <= {role for _, role in fam.rules})
+    # no rule of the snippet is left without a family that uses it
+    assert {s for s, _ in RULES} == {s for fam in FAMILIES.values() for s, _ in fam.rules}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_attn_dropout_key_is_the_one_read(tmp_path: Path, family: str) -> None:
+    c = json.loads((DATA / family / "config.json").read_text()) | {FAMILIES[family].attn_dropout_key: 0.123}
+    (tmp_path / "config.json").write_text(json.dumps(c))
+    assert import_config(tmp_path)[0].attention_dropout == 0.123
+    # initadvisor.torch takes the first of ATTN_DROPOUT_KEYS the transformers config has
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert next(getattr(config, k) for k in ATTN_DROPOUT_KEYS if hasattr(config, k)) == 0.123
+
+
+@pytest.fixture(scope="module")
+def models():
+    """Per family: (config, spec, base model, causal-LM wrapper), eager attention, eval mode."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    out = {}
+    for f in FAMILIES:
+        torch.manual_seed(0)
+        config = transformers.AutoConfig.from_pretrained(DATA / f)
+        base = transformers.AutoModel.from_config(config, attn_implementation="eager").eval()
+        lm = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+        out[f] = config, import_config(DATA / f)[0], base, lm
+    return out
+
+
+def _resolve(model, path: str):
+    for part in path.split("."):
+        model = getattr(model, part, None)
+    return model
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_block_paths_find_the_blocks(models, family: str) -> None:
+    import torch
+
+    config, spec, *built = models[family]
+    for model, path in zip(built, FAMILIES[family].blocks):
+        blocks = _resolve(model, path)
+        assert isinstance(blocks, torch.nn.ModuleList) and len(blocks) == spec.layers == 2, (type(model), path)
+        # the search in BLOCK_PATHS order stops at this path
+        first = next(p for p in BLOCK_PATHS if isinstance(_resolve(model, p), torch.nn.ModuleList))
+        assert first == path
+
+
+def _first_match(name: str, rules) -> tuple[str, str] | None:
+    return next(((s, r) for s, r in rules if name.endswith(s)), None)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rules_match_real_modules_of_the_right_shape(models, family: str) -> None:
+    import torch
+
+    config, spec, model, _ = models[family]
+    fam = FAMILIES[family]
+    d, d_ff, kv = spec.d_model, spec.d_ff, spec.kv_heads * spec.d_head
+    d_emb = getattr(config, "embedding_size", d)  # ELECTRA's embeddings are narrower
+    out_in = {"q": (d, d), "k": (kv, d), "v": (kv, d), "o": (d, d), "ff_in": (d_ff, d), "ff_out": (d, d_ff),
+              "qkv": (3 * d, d), "qkv-neox": (3 * d, d)}
+    matrices = {n: m for n, m in model.named_modules()
+                if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2}
+    for suffix, role in fam.rules:
+        hits = [n for n in matrices if _first_match(n, fam.rules) == (suffix, role)]
+        assert len(hits) == (1 if role == "embedding" else spec.layers), (suffix, hits)
+        for n in hits:
+            w = matrices[n].weight
+            shape = tuple(w.T.shape if type(matrices[n]).__name__ == "Conv1D" else w.shape)
+            assert shape[1] == d_emb if role == "embedding" else shape == out_in[role], (n, shape)
+    # the snippet's full rule list gives every matrix the family's role: no other family's suffix shadows one
+    for n in matrices:
+        fam_hit, hit = _first_match(n, fam.rules), _first_match(n, RULES)
+        assert (fam_hit and fam_hit[1]) == (hit and hit[1]), n
+
+
+def _attention(model, family: str, std: dict[str, float]):
+    """init_matrices with the family's rules and these stds, then (layer-0 attention probabilities, outputs of
+    every attention output projection) on random tokens."""
+    import torch
+
+    fam = FAMILIES[family]
+    torch.manual_seed(1)
+    done = init_matrices(model, std, {}, fam.rules, model.config.num_attention_heads)
+    assert set(done.values()) == {r for _, r in fam.rules}
+    outs = []
+    hooks = [m.register_forward_hook(lambda _m, _a, o: outs.append(o)) for n, m in model.named_modules()
+             if done.get(n) == "o"]
+    ids = torch.randint(2, model.config.vocab_size, (2, 8))
+    with torch.no_grad():
+        att = model(ids, output_attentions=True).attentions[0]
+    for h in hooks:
+        h.remove()
+    return att, outs
+
+
+def _uniform(att) -> bool:
+    """Every query row spreads its weight evenly over the keys it sees."""
+    seen = att > 0
+    return bool(seen.any()) and bool(att[seen].sub(att.amax(-1, keepdim=True).expand_as(att)[seen]).abs().max()
+                                     < 1e-6)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rules_and_qkv_layout_drive_the_real_forward(models, family: str) -> None:
+    # zeroing q (or k) makes every logit 0 and the attention uniform; zeroing v makes the attention output 0.
+    # A fused q/k/v split that drew the wrong rows (or a rule on the wrong module) breaks one of these.
+    model = models[family][2]
+    std = dict.fromkeys(("q", "k", "v", "o", "ff_in", "ff_out", "embedding"), 1.0)
+    att, outs = _attention(model, family, std)
+    assert not _uniform(att) and all(o.abs().max() > 0 for o in outs)
+    for zero in ("q", "k"):
+        assert _uniform(_attention(model, family, std | {zero: 0.0})[0]), zero
+    att, outs = _attention(model, family, std | {"v": 0.0})
+    assert len(outs) == 2 and all(o.abs().max() == 0 for o in outs)
