@@ -2,7 +2,7 @@
 
 Usage: OPENBLAS_NUM_THREADS=1 python benchmarks/deep_stack.py [--repeat 3]
 - `check` on a 100000-layer pre-LN spec (d = 64): target < 10 s;
-- the causal position-resolved engine (`propagate_causal`): T = 1024 x 12 layers, target < 0.1 s; T = 2048 x 96
+- the causal position-resolved engine (`stack.run_causal`): T = 1024 x 12 layers, target < 0.1 s; T = 2048 x 96
   layers, target < 1 s.
 Prints the best of `--repeat` runs. These targets used to be asserted in tests/test_hostile.py and
 tests/test_causal.py, which now keep only the finiteness checks: wall time depends on the machine's load.
@@ -12,7 +12,7 @@ import argparse
 import math
 import time
 
-from initadvisor.core.causal import propagate_causal
+from initadvisor.stack import run_causal
 from initadvisor.diagnose import check
 from initadvisor.spec import build_spec
 
@@ -41,8 +41,8 @@ def main() -> None:
             "init": {"std": 1 / 16, "embedding": {"std": 1.0}, "qk_beta": 0.5, "v": {"gain": 1.0},
                      "o": {"gain": 1.0}},
         })
-        secs = best_of(lambda: propagate_causal(spec), args.repeat)
-        print(f"propagate_causal T={T:4d} x {L:2d} layers:    best {secs:6.3f} s  (target < {target:g} s)")
+        secs = best_of(lambda: run_causal(spec), args.repeat)
+        print(f"run_causal T={T:4d} x {L:2d} layers:    best {secs:6.3f} s  (target < {target:g} s)")
 
 
 if __name__ == "__main__":

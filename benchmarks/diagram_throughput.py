@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from initadvisor.core.model import run_spec
+from initadvisor.stack import run_spec
 from initadvisor.diagnose import check
 from initadvisor.diagram import diagram
 from initadvisor.spec import Residual, load_spec

@@ -76,6 +76,7 @@ def dump(path: str) -> None:
 
     from initadvisor.cli import app
     from initadvisor.spec import load_spec
+    from initadvisor.stack import run_causal
 
     runner = CliRunner()
     files = sorted((ROOT / "model_specs").glob("*.yaml")) + sorted((ROOT / "tests/fuzz/ok").glob("*.yaml"))
@@ -106,10 +107,8 @@ def dump(path: str) -> None:
                                                          "--format", "json"])
             except ImportError:
                 pass
-            from initadvisor.core.causal import propagate_causal
-
             spec = load_spec(f)
-            c = propagate_causal(spec)
+            c = run_causal(spec)
             rec["causal"] = {k: np.asarray(getattr(c, k)).tolist() for k in
                              ("q", "rho_mean", "rho_thirds", "q_thirds", "y2", "beta_c",
                               "attention_output_variance_layer1")}

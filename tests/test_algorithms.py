@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from initadvisor.core.components import BlockParams
-from initadvisor.core.model import propagate
+from initadvisor.core.model import Stack, propagate
+from initadvisor.core.ops import BlockParams, Embeddings
 
 
 def f_relu(rho):
@@ -58,6 +58,13 @@ def algorithm3(beta, q, p, a_sa, a_mlp, sw2, sb2, sv2):
     return 1.0, p / q
 
 
+def _stack(P, layers, q0, p0):
+    """`layers` blocks P entered with moments (q0, p0): an unnormed single table with q0 = std^2, rho0 = p0 / q0."""
+    emb = Embeddings(tables=("token",), vocab=2, d_model=1, seq_len=2, std=float(q0) ** 0.5,
+                     input_correlation=float(p0) / float(q0))
+    return Stack(emb, (P,) * layers)
+
+
 CASES = [("post", False, algorithm1), ("pre", False, algorithm2), ("post", True, algorithm3)]
 
 
@@ -74,7 +81,7 @@ def test_engine_reproduces_algorithm(norm, centered, algo, rng):
                         b_12=sb2, b_22=sb2, activation="relu", skip_a=a_sa, skip_m=a_mlp, norm=norm,
                         centered=centered)
         layers = 25
-        trace = propagate([P] * layers, q0, p0, backward=False)
+        trace = propagate(_stack(P, layers, q0, p0), backward=False)
         q, p = float(q0), float(p0)
         for layer in range(1, layers + 1):
             q, p = algo(beta, q, p, a_sa, a_mlp, sw2, sb2, sv2)

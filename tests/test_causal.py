@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from initadvisor.core import kernels
-from initadvisor.core.causal import pair_kernel, propagate_causal, propagate_overlaps
-from initadvisor.core.model import block_params, run_spec
-from initadvisor.simulate import _attn_fwd, _norm_fwd, init_layer, make_input, simulate
+from initadvisor.core.causal import pair_kernel, propagate_overlaps
+from initadvisor.core.ops import Attention, Norm, block, leaves
+from initadvisor.simulate import init_block, make_input, simulate
+from initadvisor.stack import block_params, from_spec, run_causal, run_spec
 from initadvisor.spec import build_spec
 
 # Absolute, per layer: resolved rho vs MC over all positions, and per third; relative: per-position q. Basis:
@@ -66,7 +67,7 @@ def results():
     for name, kw in MODELS.items():
         spec = causal_spec(**kw)
         mc = simulate(spec, seeds=SEEDS, batch=BATCH, weight_grads=False)
-        res = propagate_causal(spec)
+        res = run_causal(spec)
         single = run_spec(spec).rho
         out[name] = (spec, mc, res, single)
     return out
@@ -128,7 +129,7 @@ def test_late_third_finite_d():
     kw = dict(MODELS["post-LN ReLU beta=0.1 rho0=0"])
     spec = causal_spec(d=512, d_ff=1024, **kw)
     mc = simulate(spec, seeds=16, batch=4, rng_seed=1, weight_grads=False)
-    res = propagate_causal(spec)
+    res = run_causal(spec)
     single = run_spec(spec).rho
     e_res = float(np.mean(np.abs(res.rho_thirds[1:, 2] - mc.rho_thirds[1:, 2])))
     e_single = float(np.mean(np.abs(single[1:] - mc.rho_thirds[1:, 2])))
@@ -153,10 +154,12 @@ def _mc_attention_variance(spec, seeds=12, batch=8):
     acc = np.zeros(spec.seq_len)
     for s in range(seeds):
         rng = np.random.default_rng([7, s])
-        w = init_layer(spec, rng)
-        x = make_input(spec, batch, rng)
-        u = _norm_fwd(x, spec.norm_type)[0] if spec.norm == "pre" else x
-        o, _ = _attn_fwd(spec, w, u, rng)
+        net = from_spec(spec)
+        W = init_block(net.blocks[0], rng)
+        x = make_input(net, batch, rng)
+        u = Norm(spec.norm_type).forward(x, W, rng)[0] if spec.norm == "pre" else x
+        attention = next(op for op in leaves(net.blocks[0]) if isinstance(op, Attention))
+        o, _ = attention.forward(u, W, rng)
         acc += (o * o).mean(axis=(0, 2))
     return acc / seeds
 
@@ -168,7 +171,7 @@ def test_lemma3_attention_variance_one_over_m():
     assert sigma**4 < 0.01 * spec.heads / d**2
     m = np.arange(1, T + 1)
     lemma3 = d**2 * sigma**4 / m  # paper 003, Lemma 3
-    pred = propagate_causal(spec).attention_output_variance_layer1
+    pred = run_causal(spec).attention_output_variance_layer1
     np.testing.assert_allclose(pred, lemma3, rtol=0.02)
     mc = _mc_attention_variance(spec)
     # the MC follows 1/m: log-log slope -1, and the level of Lemma 3 within 15% in every octave of positions
@@ -187,7 +190,7 @@ def test_lemma3_with_correlated_tokens():
     m = np.arange(1, T + 1)
     g = (d * sigma**2) ** 2
     expect = g * (0.3 + 0.7 / m)
-    pred = propagate_causal(spec).attention_output_variance_layer1
+    pred = run_causal(spec).attention_output_variance_layer1
     np.testing.assert_allclose(pred, expect, rtol=0.02)
     mc = _mc_attention_variance(spec, seeds=8, batch=4)
     for lo in (1, 4, 16, 64):
@@ -227,7 +230,7 @@ def test_uniform_attention_closed_form():
     from dataclasses import replace
 
     P = replace(block_params(spec), beta=1e-9, skip_a=0.0, skip_m=1.0, block_m=0.0)
-    tr = propagate_overlaps([P], 1.0, 0.25, 32, keep_overlap=True)
+    tr = propagate_overlaps([block(P)], 1.0, 0.25, 32, keep_overlap=True)
     m = np.arange(1, 33)
     expect = 0.25 + 0.75 / np.maximum.outer(m, m)
     np.testing.assert_allclose(tr.overlap, expect, atol=1e-6)
@@ -236,7 +239,7 @@ def test_uniform_attention_closed_form():
 def test_late_tokens_match_single_pair_for_long_sequences():
     """001 C.6: the single pair describes late tokens; for long T the resolved last third approaches it."""
     spec = causal_spec(norm="post", act="relu", beta=0.3, T=2048, L=12, g_vo=1.0, rho0=0.1)
-    res = propagate_causal(spec)
+    res = run_causal(spec)
     single = run_spec(spec).rho
     assert np.max(np.abs(res.rho_thirds[:, 2] - single)) < 0.01
     assert res.q.shape == (13, 2048)
@@ -327,16 +330,16 @@ def test_reduced_form_matches_full_matrix(name):
     kw, grid = REDUCED_CASES[name]
     spec = causal_spec(**kw)
     P = block_params(spec)
-    from initadvisor.core.model import input_moments
+    from initadvisor.stack import input_moments
 
     q0, p0 = input_moments(spec)
     blocks, T = [P] * spec.layers, spec.seq_len
     rho_ref, r3_ref = _ref_propagate(blocks, q0, p0, T)
     extra = {} if grid is None else dict(single=grid[0], ratio=grid[1])
-    red = propagate_overlaps(blocks, q0, p0, T, **extra)
+    red = propagate_overlaps([block(P) for P in blocks], q0, p0, T, **extra)
     assert np.max(np.abs(red.rho_mean - rho_ref)) < 0.002, (red.rho_mean, rho_ref)
     assert np.max(np.abs(red.rho_thirds - r3_ref)) < 0.002, (red.rho_thirds, r3_ref)
-    full = propagate_overlaps(blocks, q0, p0, T, single=T)
+    full = propagate_overlaps([block(P) for P in blocks], q0, p0, T, single=T)
     np.testing.assert_allclose(full.rho_mean, rho_ref, atol=1e-12)
     np.testing.assert_allclose(full.rho_thirds, r3_ref, atol=1e-12)
     assert red.q.shape == (spec.layers + 1, T) and red.y2.shape == (spec.layers, T)
@@ -347,5 +350,5 @@ def test_reduced_form_on_long_sequences():
     is reported by benchmarks/deep_stack.py, not asserted here."""
     for (T, L) in ((1024, 12), (2048, 96)):
         spec = causal_spec(norm="pre", act="gelu", beta=0.5, T=T, L=L, g_vo=1.0, rho0=0.1)
-        tr = propagate_causal(spec)
+        tr = run_causal(spec)
         assert tr.q.shape == (L + 1, T) and np.all(np.isfinite(tr.rho_thirds))

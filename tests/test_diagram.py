@@ -33,7 +33,7 @@ def spec_at(spec, point: dict):
 
 
 def _spec_beta(spec):
-    from initadvisor.core.model import spec_beta
+    from initadvisor.stack import spec_beta
 
     return spec_beta(spec)
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from initadvisor.core import attention as att
+from initadvisor.core.ops import MLP, Attention, BlockParams, Dropout, block, moments_backward, moments_forward
 
 
 def _rows(rng, n, T, scale):
@@ -154,10 +155,9 @@ def test_swiglu_gate_kernels_are_silu_by_monte_carlo(seed, q, p):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_dropout_moments_by_explicit_masks(seed):
-    """components.dropout: q -> q / keep, p unchanged (independent masks on two tokens), by numpy MC.
+    """ops.Dropout: q -> q / keep, p unchanged (independent masks on two tokens), by numpy MC.
 
     Kills: p also divided by keep."""
-    from initadvisor.core import components as C
 
     rng = np.random.default_rng([11, seed])
     n, q, p, rate = 1_000_000, 2.0, 1.2, 0.3
@@ -168,7 +168,7 @@ def test_dropout_moments_by_explicit_masks(seed):
     mx = (rng.random(n) < keep) / keep
     my = (rng.random(n) < keep) / keep
     emp = np.mean((x * mx) ** 2), np.mean(x * mx * y * my)
-    np.testing.assert_allclose(C.dropout(q, p, rate), emp, rtol=0.03)  # MC error ~0.5%; mutant shift 43%
+    np.testing.assert_allclose(Dropout(rate).moments(q, p)[:2], emp, rtol=0.03)  # MC error ~0.5%; mutant shift 43%
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -178,7 +178,6 @@ def test_swiglu_mlp_moments_by_monte_carlo(seed):
     Forward per hidden unit: E[(silu(g) u)^2], E[silu(g) u silu(g') u']; backward (gate path + up path):
     E[(silu'(g) u)^2] + E[silu(g)^2] and the cross-token analogue. Unit gains isolate the kernels.
     Kills: p1 -> q1 in the gated cross moment; the up path's E[silu(g)^2] dropped from the backward."""
-    from initadvisor.core import components as C
 
     rng = np.random.default_rng([23, seed])
     n, q, p = 1_000_000, 1.3, 0.6
@@ -192,10 +191,10 @@ def test_swiglu_mlp_moments_by_monte_carlo(seed):
     fwd = np.mean((_silu(g) * u) ** 2), np.mean(_silu(g) * u * _silu(g2) * u2)
     bq = np.mean((_silu_prime(g) * u) ** 2) + np.mean(_silu(g) ** 2)
     bp = np.mean(_silu_prime(g) * u * _silu_prime(g2) * u2) + np.mean(_silu(g) * _silu(g2))
-    P = C.BlockParams(beta=0.0, seq_len=8.0, g_v=1.0, g_o=1.0, g_1=1.0, g_1b=1.0, g_2=1.0, g_2b=1.0,
+    P = BlockParams(beta=0.0, seq_len=8.0, g_v=1.0, g_o=1.0, g_1=1.0, g_1b=1.0, g_2=1.0, g_2b=1.0,
                       activation="swiglu")
-    q2, p2, cache = C.mlp_forward(q, p, P)
-    gq, gp = C.mlp_backward(1.0, 1.0, cache, P)
+    q2, p2, cache = MLP(P).moments(q, p)
+    gq, gp = MLP(P).moments_backward(1.0, 1.0, cache)
     np.testing.assert_allclose([q2, p2], fwd, rtol=0.03)
     np.testing.assert_allclose([gq, gp], [bq, bp], rtol=0.03)
 
@@ -207,7 +206,6 @@ def test_query_bias_raises_cross_row_overlap_explicit_network(seed):
     The bias is shared by all queries, so it raises the correlation of two rows' scores to
     (p + qb) / (q + qb). Uniform phase (x = 0.3), where the annealed law is accurate.
     Kills: the query bias dropped from the row correlation passed to participation."""
-    from initadvisor.core import components as C
 
     rng = np.random.default_rng([31, seed])
     d, T, q, p, qb, x = 256, 64, 1.0, 0.3, 2.0, 0.3
@@ -228,9 +226,9 @@ def test_query_bias_raises_cross_row_overlap_explicit_network(seed):
         A = np.exp(a)
         A /= A.sum(-1, keepdims=True)
         vals.append(np.sum(A[0] * A[1]))
-    P = C.BlockParams(beta=beta, seq_len=float(T), g_v=1.0, g_o=1.0, g_1=1.0, g_1b=1.0, g_2=1.0, g_2b=1.0,
+    P = BlockParams(beta=beta, seq_len=float(T), g_v=1.0, g_o=1.0, g_1=1.0, g_1b=1.0, g_2=1.0, g_2b=1.0,
                       q_bias=qb)
-    _, _, cache = C.attention_forward(q, p, P)
+    _, _, cache = Attention(P).moments(q, p)
     emp = np.mean(vals)
     r = float(cache.yp) / emp
     assert abs(r - 1) < 0.12, (float(cache.yp), emp)  # mutant: r ~ 0.6
@@ -241,16 +239,14 @@ def test_parallel_block_residual_weights_square_both_branches():
     moments (transcribed from the residual law, with the engine's branch maps as building blocks).
 
     Kills: block_m not squared on the MLP branch's q."""
-    from initadvisor.core import blocks as B
-    from initadvisor.core import components as C
 
     q, p = 1.7, 0.4
-    P = C.BlockParams(beta=0.6, seq_len=32.0, g_v=1.3, g_o=0.9, g_1=2.0, g_1b=2.0, g_2=0.7, g_2b=0.7,
+    P = BlockParams(beta=0.6, seq_len=32.0, g_v=1.3, g_o=0.9, g_1=2.0, g_1b=2.0, g_2=0.7, g_2b=0.7,
                       skip_a=1.0, block_a=0.6, block_m=0.3, parallel=True, norm="pre")
     qn, pn = 1.0, p / q
-    qa, pa, _ = C.attention_forward(qn, pn, P)
-    qm, pm, _ = C.mlp_forward(qn, pn, P)
-    qo, po, _ = B.block_forward(q, p, P)
+    qa, pa, _ = Attention(P).moments(qn, pn)
+    qm, pm, _ = MLP(P).moments(qn, pn)
+    qo, po, _ = moments_forward(block(P), q, p)
     np.testing.assert_allclose([qo, po], [q + 0.36 * qa + 0.09 * qm, p + 0.36 * pa + 0.09 * pm], rtol=1e-12)
 
 
@@ -259,22 +255,20 @@ def test_pre_ln_block_backward_divides_each_branch_by_its_own_norm_input():
     gradient by q(h1) (its norm's input) and the attention branch's by q(h) (004 A.6), transcribed here.
 
     Kills: the MLP branch's norm backward using the block input's q instead of q(h1)."""
-    from initadvisor.core import blocks as B
-    from initadvisor.core import components as C
 
     q, p = 1.0, 0.3
-    P = C.BlockParams(beta=0.6, seq_len=32.0, g_v=2.0, g_o=1.5, g_1=2.0, g_1b=2.0, g_2=1.0, g_2b=1.0,
+    P = BlockParams(beta=0.6, seq_len=32.0, g_v=2.0, g_o=1.5, g_1=2.0, g_1b=2.0, g_2=1.0, g_2b=1.0,
                       block_a=1.0, block_m=0.8, norm="pre")
-    qa, pa, ca = C.attention_forward(1.0, p / q, P)
+    qa, pa, ca = Attention(P).moments(1.0, p / q)
     q1, p1 = q + qa, p + pa  # stream after the attention residual
-    qm, pm, cm = C.mlp_forward(1.0, p1 / q1, P)
+    qm, pm, cm = MLP(P).moments(1.0, p1 / q1)
     g2q, g2p = 1.0, 0.2
-    mq, mp = C.mlp_backward(0.64 * g2q, 0.64 * g2p, cm, P)
+    mq, mp = MLP(P).moments_backward(0.64 * g2q, 0.64 * g2p, cm)
     g1q, g1p = g2q + mq / q1, g2p + mp / q1
-    aq, ap = C.attention_backward(g1q, g1p, ca, P)
+    aq, ap = Attention(P).moments_backward(g1q, g1p, ca)
     expect = g1q + aq / q, g1p + ap / q
-    _, _, cache = B.block_forward(q, p, P)
-    np.testing.assert_allclose(B.block_backward(g2q, g2p, cache, P), expect, rtol=1e-12)
+    _, _, cache = moments_forward(block(P), q, p)
+    np.testing.assert_allclose(moments_backward(block(P), g2q, g2p, cache), expect, rtol=1e-12)
 
 
 @pytest.mark.parametrize("vocab", [12_000, 32_000, 50_257])
@@ -282,7 +276,7 @@ def test_zipf_repeat_correlation_large_vocab_matches_direct_sum(vocab):
     """sum_i p_i^2 for p_i = (1/i) / H_V, summed directly (the code uses an asymptotic form above 10k).
 
     Kills: Euler's gamma dropped from the harmonic-number asymptotics (a ~13% error)."""
-    from initadvisor.core.model import zipf_repeat_correlation
+    from initadvisor.core.ops import zipf_repeat_correlation
 
     w = 1.0 / np.arange(1, vocab + 1, dtype=float)
     w /= w.sum()
@@ -303,7 +297,7 @@ def test_spec_beta_is_score_std_over_sqrt_log_t_by_explicit_heads(seed):
     """beta = std of one head's score for unit-variance inputs / sqrt(ln T), measured with explicit W_Q, W_K.
 
     Kills: sqrt(d_head) -> d_head in spec_beta."""
-    from initadvisor.core.model import spec_beta
+    from initadvisor.stack import spec_beta
 
     spec = _spec()
     rng = np.random.default_rng([41, seed])
@@ -323,7 +317,7 @@ def test_mlp_input_backward_gain_is_fan_out_by_explicit_matrix(seed):
     """g_1b: the gradient through W1 (d x d_ff) has per-coordinate second moment std^2 d_ff E[delta^2].
 
     Kills: d_ff replaced by d_model in the MLP input's backward gain."""
-    from initadvisor.core.model import block_params
+    from initadvisor.stack import block_params
 
     spec = _spec()
     rng = np.random.default_rng([43, seed])
@@ -338,7 +332,7 @@ def test_input_moments_with_embedding_dropout_by_simulation(seed):
     """q entering block 1 includes training-mode dropout's 1/(1 - rate): numpy Monte-Carlo network.
 
     Kills: the 1/(1 - dropout) dropped from input_moments (a 43% error at rate 0.3)."""
-    from initadvisor.core.model import input_moments
+    from initadvisor.stack import input_moments
     from initadvisor.simulate import simulate
     from initadvisor.spec import build_spec
 

@@ -8,7 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from initadvisor.core.model import input_moments, spec_beta, zipf_repeat_correlation
+from initadvisor.core.ops import zipf_repeat_correlation
+from initadvisor.stack import input_moments, spec_beta
 from initadvisor.spec import load_spec
 
 from conftest import ROOT

@@ -5,7 +5,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from initadvisor.core.model import run_spec
+from initadvisor.stack import run_spec
 from initadvisor.spec import load_spec
 
 from conftest import ROOT

@@ -37,11 +37,10 @@ import pytest
 
 from initadvisor import diagnose
 from initadvisor.core import attention as att
-from initadvisor.core.blocks import block_backward as engine_block_backward
-from initadvisor.core.blocks import block_forward as engine_block_forward
-from initadvisor.core.model import block_params, input_moments, run_spec
+from initadvisor.core.ops import moments_backward, moments_forward
 from initadvisor.simulate import backward, forward, init_network, make_input, pair_moments, ratio_se, simulate
 from initadvisor.spec import build_spec
+from initadvisor.stack import from_spec, input_moments, run_spec
 
 SEED = int(os.environ.get("INITADVISOR_QK_SEED", "0"))
 
@@ -96,7 +95,7 @@ def test_result2_query_gradient_absolute(name):
     spec = one_block(d=D1, **RESULT2[name])
     T = spec.seq_len
     trace = run_spec(spec)
-    qk = float(diagnose.qk_laws(spec, trace)[0][0])
+    qk = float(diagnose.qk_laws(from_spec(spec), trace)[0][0])
     g_out = spec.res_attention.block ** 2  # E[G^2] = 1 reaches the attention branch unchanged (MLP off, 1 block)
     C = T**2 * g_out
     predicted = D1**2 * math.sqrt(math.log(T)) / T * C * qk
@@ -130,7 +129,7 @@ def test_noci_ratio_with_tau_mapping(name, T):
     c = NOCI[name]
     spec = one_block(T, D2, std=math.sqrt(c["g"] / D2), rho=c["rho"], emb_std=c["emb_std"])
     trace = run_spec(spec)
-    predicted = float(diagnose.qk_laws(spec, trace)[1][0])
+    predicted = float(diagnose.qk_laws(from_spec(spec), trace)[1][0])
     mc = simulate(spec, seeds=50, batch=4, rng_seed=SEED)
     r, se = mc.grad_qk_over_v[0] / predicted, mc.grad_qk_over_v_se[0] / predicted
     print(f"\n{name} T={T}: Q/K-to-V MC {mc.grad_qk_over_v[0]:.4g} predicted {predicted:.4g} ratio {r:.3f} +- {se:.3f}")
@@ -154,15 +153,15 @@ def test_causal_columns_closed_form():
 
 def _engine_input_gradient(spec, gp_top):
     """Engine: (gq, gp) at stream 0, from (1, gp_top) at the top (propagate() starts from gp = 0)."""
-    P = block_params(spec)
+    net = from_spec(spec)
     q, p = input_moments(spec)
     caches = []
-    for _ in range(spec.layers):
-        q, p, cache = engine_block_forward(q, p, P)
+    for ops in net.blocks:
+        q, p, cache = moments_forward(ops, q, p)
         caches.append(cache)
     gq, gp = 1.0, gp_top
-    for cache in reversed(caches):
-        gq, gp = engine_block_backward(gq, gp, cache, P)
+    for ops, cache in zip(reversed(net.blocks), reversed(caches)):
+        gq, gp = moments_backward(ops, gq, gp, cache)
     return float(gq), float(gp)
 
 
@@ -172,12 +171,13 @@ def _mc_input_gradient(spec, c, seeds, batch, seed):
     q0, qL = [], []
     for k in range(seeds):
         rng = np.random.default_rng([seed, k])
-        layers = init_network(spec, rng)
-        h0 = make_input(spec, batch, rng)
-        _, caches = forward(spec, layers, h0, rng)
+        net = from_spec(spec)
+        layers = init_network(net, rng)
+        h0 = make_input(net, batch, rng)
+        _, caches = forward(net, layers, h0, rng)
         shared = rng.standard_normal((batch, 1, spec.d_model))
         G = math.sqrt(c) * shared + math.sqrt(1 - c) * rng.standard_normal(h0.shape)
-        gs = backward(spec, layers, caches, G)
+        gs = backward(net, layers, caches, G)
         q0.append(pair_moments(gs[0])[0])
         qL.append(pair_moments(gs[-1])[0])
     return ratio_se(np.concatenate(q0), np.concatenate(qL))
@@ -232,7 +232,7 @@ def test_qk_laws_unequal_gains(v_gain, q_ratio):
                 "k": replace(spec.init["k"], std=std / math.sqrt(q_ratio))}
         spec = replace(spec, init=init)
     trace = run_spec(spec)
-    qk, ratio = (float(x[0]) for x in diagnose.qk_laws(spec, trace))
+    qk, ratio = (float(x[0]) for x in diagnose.qk_laws(from_spec(spec), trace))
     mc = simulate(spec, seeds=50, batch=4, rng_seed=SEED)
     assert abs(mc.grad_qk_over_v[0] / ratio - 1) <= 0.10 or q_ratio != 1.0, (mc.grad_qk_over_v[0], ratio)
     predicted = D1**2 * math.sqrt(math.log(T)) / T * T**2 * qk
@@ -244,7 +244,7 @@ def test_qk_laws_unequal_gains(v_gain, q_ratio):
                    "4.9e4-5.1e4 at x = 0.71 (seeds 0..4), between 1.2e4 at x = 0.25 and 1.1e5 at x = 2.1")
 def test_result2_crossover_known_gap():
     spec = one_block(16, D1, qk_beta=1.0)
-    qk = float(diagnose.qk_laws(spec, run_spec(spec))[0][0])
+    qk = float(diagnose.qk_laws(from_spec(spec), run_spec(spec))[0][0])
     predicted = D1**2 * math.sqrt(math.log(16)) / 16 * 16**2 * qk
     mc = simulate(spec, seeds=30, batch=4, rng_seed=SEED)
     assert predicted > 0 and abs(mc.grad_wq[0] / predicted - 1) <= 0.20

@@ -27,7 +27,7 @@ import pytest
 
 torch = pytest.importorskip("torch")  # every test here measures a torch model (the nanoGPT classes below too)
 
-from initadvisor.core.model import run_spec  # noqa: E402
+from initadvisor.stack import run_spec  # noqa: E402
 from initadvisor.diagnose import check  # noqa: E402
 from initadvisor.hf import import_config  # noqa: E402
 

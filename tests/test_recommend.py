@@ -134,3 +134,28 @@ def test_init_weights_snippet_sets_the_stds_on_real_models(family):
             assert float(w.std()) == pytest.approx(want[role].std, rel=0.06), (name, role)
             seen.add(role)
     assert seen >= {"o", "ff_in", "ff_out"}
+
+
+def test_causal_recipe_is_judged_on_its_own_per_layer_model():
+    """gpt2-small's DeepScaleLM recipe has per-layer V/O variances: the causal (position-resolved) analysis of
+    the recipe runs on them. Reference: the same blocks built by hand from the per-layer gains. Before the fix the
+    analysis ran the spec without its per-layer values: late-token rho 0.427 instead of 0.733."""
+    from initadvisor import recommend as R
+    from initadvisor.core.causal import propagate_overlaps
+    from initadvisor.core.ops import block
+    from initadvisor.diagnose import analyse, diagnose
+    from initadvisor.stack import block_params, input_moments
+
+    spec = load_spec(ROOT / "model_specs" / "gpt2-small.yaml")
+    recipe = R.recipe_deepscalelm(spec, R.dslm(spec, 2.0))
+    assert recipe.per_layer  # the case in question: values the spec format cannot hold
+    P = block_params(recipe.spec)
+    hand = [block(replace(P, g_v=float(gv), g_o=float(go)))
+            for gv, go in zip(recipe.per_layer["g_v"], recipe.per_layer["g_o"])]
+    want = propagate_overlaps(hand, *input_moments(recipe.spec), spec.seq_len).rho_thirds[-1, 2]
+    a = analyse(recipe.spec, recipe.stack())
+    assert a.ct.rho_thirds[-1, 2] == pytest.approx(want, rel=1e-12)
+    assert want == pytest.approx(0.733, abs=0.005)
+    assert analyse(recipe.spec).ct.rho_thirds[-1, 2] == pytest.approx(0.427, abs=0.005)  # the spec alone differs
+    row = next(r for r in recommend(spec)["recipes"] if r["name"] == "deepscalelm")
+    assert row["findings"] == sorted({f.code for f in diagnose(recipe.spec, a)})

@@ -10,6 +10,8 @@ import pytest
 from initadvisor.simulate import (
     Measurement, backward, block_forward, forward, init_network, make_input, pair_moments, simulate,
 )
+from initadvisor.core.ops import Attention, Dropout, leaves, walk
+from initadvisor.stack import from_spec
 from initadvisor.spec import build_spec
 
 try:  # a declared test dependency; without it only the autograd comparison is skipped, not the sanity facts
@@ -58,10 +60,25 @@ def _torch_drop(x, mask, p):
 
 
 def _tw(w, leaves=None):
-    """LayerWeights -> dict of torch tensors (optionally some replaced by given leaves)."""
-    out = {k: _t(v) for k, v in vars(w).items()}
+    """Weights by name -> dict of torch tensors (optionally some replaced by given leaves)."""
+    out = {k: _t(v) for k, v in w.items()}
     out.update(leaves or {})
     return out
+
+
+def _roles(ops, W, caches):
+    """A block's numpy weights by name and its caches by role (attention, the dropout after each branch)."""
+    w = dict.fromkeys(("bq", "bk", "bv", "wo", "bo", "b_in", "b_out", "w_gate", "b_gate"))
+    for op in leaves(ops):
+        w.update(W.get(id(op), {}))
+    c, last = {}, None
+    for op, cache in walk(ops, caches):
+        if isinstance(op, Attention):
+            c["attn"] = cache
+        if isinstance(op, Dropout):
+            c["m_att" if last is Attention else "m_mlp"] = cache
+        last = type(op)
+    return w, c
 
 
 def _lin(x, W, b):
@@ -155,23 +172,25 @@ def test_backward_matches_torch_autograd(case):
     if torch is None:
         pytest.importorskip("torch")
     spec = make_spec(**CASES[case])
+    net = from_spec(spec)
     rng = np.random.default_rng(1)
-    layers = init_network(spec, rng)
+    layers = init_network(net, rng)
     B = 2
-    h0 = make_input(spec, B, rng)
-    hs, caches = forward(spec, layers, h0, rng)
+    h0 = make_input(net, B, rng)
+    hs, caches = forward(net, layers, h0, rng)
     G = rng.standard_normal(h0.shape)
     wg = {"wq": [], "wk": [], "wv": []}
-    gs = backward(spec, layers, caches, G, wg)
+    gs = backward(net, layers, caches, G, wg)
+    flat = [_roles(ops, W, c) for ops, W, c in zip(net.blocks, layers, caches)]
     assert len(hs) == len(gs) == spec.layers + 1
     if spec.dropout > 0:  # the masks are really used
-        assert any(c["m_att"] is not None and not c["m_att"].all() for c in caches)
+        assert any(c["m_att"] is not None and not c["m_att"].all() for _, c in flat)
     if spec.attention_dropout > 0:
-        assert any(not c["attn"]["mask"].all() for c in caches)
+        assert any(not c["attn"]["mask"].all() for _, c in flat)
 
     th = [torch.tensor(h0, requires_grad=True)]
     probs = []
-    for w, c in zip(layers, caches):
+    for w, c in flat:
         h, a = _torch_block(spec, _tw(w), th[-1], c)
         h.retain_grad()
         th.append(h)
@@ -179,7 +198,7 @@ def test_backward_matches_torch_autograd(case):
     # forward streams and attention matrices agree
     for i, (h, t) in enumerate(zip(hs, th)):
         assert _rel(h, t.detach().numpy()) < 1e-10, f"stream {i}"
-    for c, a in zip(caches, probs):
+    for (_, c), a in zip(flat, probs):
         B_, H, T, _ = a.shape
         assert _rel(c["attn"]["a"].reshape(B_, H, T, T), a.detach().numpy()) < 1e-10
     # per-sequence gradients: loss_b = sum(h_L[b] * G[b]); streams and W_Q/W_K/W_V norms
@@ -190,9 +209,9 @@ def test_backward_matches_torch_autograd(case):
     assert np.abs(gs[0]).max() > 0
     # weight-gradient norms, per sequence, through torch with leaf weights
     for b in range(B):
-        ws = [{n: torch.tensor(getattr(w, n), requires_grad=True) for n in ("wq", "wk", "wv")} for w in layers]
+        ws = [{n: torch.tensor(w[n], requires_grad=True) for n in ("wq", "wk", "wv")} for w, _ in flat]
         h = torch.tensor(h0[b:b + 1])
-        for w, c, leaf in zip(layers, caches, ws):
+        for (w, c), leaf in zip(flat, ws):
             cb = _slice_cache(c, b)
             h = _torch_block(spec, _tw(w, leaf), h, cb)[0]
         (h * Gt[b:b + 1]).sum().backward()
@@ -314,9 +333,9 @@ def test_pre_ln_q_grows_and_float32_agrees():
 
 
 def test_block_forward_is_deterministic_given_rng():
-    spec = make_spec(dropout=0.1)
-    layers = init_network(spec, np.random.default_rng(0))
-    h0 = make_input(spec, 2, np.random.default_rng(1))
-    a, _ = block_forward(spec, layers[0], h0, np.random.default_rng(2))
-    b, _ = block_forward(spec, layers[0], h0, np.random.default_rng(2))
+    net = from_spec(make_spec(dropout=0.1))
+    layers = init_network(net, np.random.default_rng(0))
+    h0 = make_input(net, 2, np.random.default_rng(1))
+    a, _ = block_forward(net.blocks[0], layers[0], h0, np.random.default_rng(2))
+    b, _ = block_forward(net.blocks[0], layers[0], h0, np.random.default_rng(2))
     np.testing.assert_array_equal(a, b)

@@ -251,7 +251,8 @@ def verify(
     """Build the actual random network, measure it, and compare with the theory layer by layer."""
     import time
 
-    from initadvisor.core.model import run_spec
+    from initadvisor.core.model import propagate
+    from initadvisor.stack import from_spec
     from initadvisor.verify import compare
 
     if plot is not None:
@@ -273,10 +274,11 @@ def verify(
     from initadvisor.diagnose import causal_trace
     from initadvisor.verify import pool_seeds
 
-    ct = causal_trace(s)  # causal models: compare with the position-resolved averages over all tokens
+    net = from_spec(s)
+    ct = causal_trace(net)  # causal models: compare with the position-resolved averages over all tokens
     resolved = None if ct is None else {"rho": ct.rho_mean, "q": ct.q.mean(axis=1), "ipr": ct.y2.mean(axis=1)}
     # standard errors over seeds: the sequences of one initialisation share its weights (see pool_seeds)
-    rep = compare(s, run_spec(s), pool_seeds(per_seed), tol=tol, rtol=rtol, theory=resolved)
+    rep = compare(s, propagate(net), pool_seeds(per_seed), tol=tol, rtol=rtol, theory=resolved)
     rep["measurement"] = {"backend": backend.value, "seeds": seeds, "batch": batch,
                           "seconds": round(time.perf_counter() - t0, 2)}
     rep["notes"] = notes

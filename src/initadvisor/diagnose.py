@@ -9,34 +9,39 @@ import numpy as np
 from initadvisor import __version__
 from initadvisor.core import gradients as G
 from initadvisor.core.attention import phase
-from initadvisor.core.model import Trace, block_params, run_spec
+from initadvisor.core.model import Stack, Trace, propagate, propagate_causal
 from initadvisor.numbers import clean, overflow_findings
 from initadvisor.rules import RULES, Finding, finding  # noqa: F401  (Finding, finding: re-exported)
+from initadvisor.stack import from_spec
 
 
-def qk_laws(spec, trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+def qk_laws(stack: Stack, trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     """Per block: Result 2's scaled Q gradient and Noci's Q/K-to-V gradient ratio at the attention input."""
-    P = block_params(spec)
+    def per_layer(f):
+        return np.array([f(P) for P in stack.layers])
+
     q, p = trace.att_q, trace.att_p
-    g_q, g_k = spec.gain("q"), spec.gain("k")
+    g_q, g_k = per_layer(lambda P: P.g_q), per_layer(lambda P: P.g_k)
+    g_v, g_vo = per_layer(lambda P: P.g_v), per_layer(lambda P: P.g_v * P.g_o)
+    T, d = stack.embeddings.seq_len, stack.embeddings.d_model
     # dL/dW_Q carries W_K: with unequal Q/K stds the product beta ~ s_Q s_K takes a factor s_K / s_Q
-    qk = G.qk_grad(trace.beta, P.g_v * P.g_o, q, p, trace.y2, trace.y3, trace.beta_c) * np.sqrt(g_k / g_q)
+    qk = G.qk_grad(trace.beta, g_vo, q, p, trace.y2, trace.y3, trace.beta_c) * np.sqrt(g_k / g_q)
     # Noci's tau^2 (one std for all matrices) is g_Q g_K scale^2 d_head = beta^2 ln T; the Q/K gradients carry
     # the value gain in place of the other Q/K gain: tau^2 = g_V (g_Q + g_K) / 2 scale^2 d_head
-    tau2 = trace.beta**2 * np.log(spec.seq_len) * P.g_v * (g_q + g_k) / (2 * g_q * g_k)
-    ratio = G.qk_to_v_grad_ratio(tau2, q, p / q, spec.seq_len, spec.d_model)
+    tau2 = trace.beta**2 * np.log(T) * g_v * (g_q + g_k) / (2 * g_q * g_k)
+    ratio = G.qk_to_v_grad_ratio(tau2, q, p / q, T, d)
     return qk, ratio
 
 
-def width(spec, trace: Trace) -> dict | None:
+def width(stack: Stack, trace: Trace) -> dict | None:
     """Paper 002 at block 1: spectral gap of the attention matrix and stable rank of its output vs T."""
-    if spec.attention != "softmax":
+    if stack.layers[0].centered:
         return None
     from initadvisor.core.spectral import attention_spectrum, stable_rank_attention_output, width_collapse
 
     q, p = float(trace.att_q[0]), float(trace.att_p[0])
-    V = float(trace.beta[0] ** 2 * q * (q - p) * np.log(spec.seq_len))  # key-dependent score variance
-    rho, T, d = p / q, float(spec.seq_len), spec.d_model
+    V = float(trace.beta[0] ** 2 * q * (q - p) * np.log(stack.embeddings.seq_len))  # key-dependent score variance
+    rho, T, d = p / q, float(stack.embeddings.seq_len), stack.embeddings.d_model
     if V >= 2 * np.log(T) or rho > 1 - 1e-9:  # 002's spectrum needs spread rows and distinct tokens
         return None
     a = attention_spectrum(T, V, exact=False)
@@ -51,29 +56,28 @@ def width(spec, trace: Trace) -> dict | None:
                            for t, x, y in zip(Ts, sr, src)]}
 
 
-def growth(spec, trace: Trace) -> dict:
-    return {"forward": G.forward_growth(trace.q), "gradient": G.gradient_growth(trace.grad_q, trace.q, spec.norm)}
+def growth(stack: Stack, trace: Trace) -> dict:
+    norm = stack.layers[0].norm
+    return {"forward": G.forward_growth(trace.q), "gradient": G.gradient_growth(trace.grad_q, trace.q, norm)}
 
 
 CAUSAL_CELLS = 10**7  # the position-resolved engine keeps (layers + 1) x T arrays: about 240 MB at this size
 
 
-def causal_trace(spec):
+def causal_trace(stack: Stack):
     """The position-resolved prediction for causal models (None otherwise, or beyond CAUSAL_CELLS)."""
-    if not spec.causal or not resolvable(spec):
+    if not stack.layers[0].causal or not resolvable(stack):
         return None
-    from initadvisor.core.causal import propagate_causal
-
-    return propagate_causal(spec)
+    return propagate_causal(stack)
 
 
-def resolvable(spec) -> bool:
-    return (spec.layers + 1) * spec.seq_len <= CAUSAL_CELLS
+def resolvable(stack: Stack) -> bool:
+    return (len(stack.layers) + 1) * stack.embeddings.seq_len <= CAUSAL_CELLS
 
 
 def notes(spec) -> list[str]:
     """What the analysis left out for this spec."""
-    if spec.causal and not resolvable(spec):
+    if spec.causal and not resolvable(from_spec(spec)):
         return [f"causal: (layers + 1) x T = {(spec.layers + 1) * spec.seq_len:.3g} exceeds {CAUSAL_CELLS:.0e} "
                 "positions x layers: the position-resolved prediction is skipped, rows use the late-token pair"]
     return []
@@ -103,6 +107,7 @@ def causal_summary(spec, ct) -> dict | None:
 class Analysis:
     """Everything the findings and the report are built from, computed once."""
 
+    stack: Stack
     trace: Trace
     ct: object  # the position-resolved causal trace, or None
     growth: dict
@@ -111,10 +116,13 @@ class Analysis:
     ratio: np.ndarray  # Noci's Q/K-to-V gradient ratio per block
 
 
-def analyse(spec, trace: Trace | None = None) -> Analysis:
-    """The engine's trace of the spec (or a given one, e.g. a recipe's per-layer run) and what derives from it."""
-    trace = run_spec(spec) if trace is None else trace
-    return Analysis(trace, causal_trace(spec), growth(spec, trace), width(spec, trace), *qk_laws(spec, trace))
+def analyse(spec, stack: Stack | None = None) -> Analysis:
+    """The engine's run of the spec's stack (or a given one, e.g. a recipe's per-layer stack) and what derives
+    from it: every analysis sees the same per-layer model."""
+    stack = from_spec(spec) if stack is None else stack
+    trace = propagate(stack)
+    return Analysis(stack, trace, causal_trace(stack), growth(stack, trace), width(stack, trace),
+                    *qk_laws(stack, trace))
 
 
 def diagnose(spec, a: Analysis) -> list[Finding]:

@@ -41,14 +41,15 @@ matplotlib.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from initadvisor.core.blocks import block_forward
-from initadvisor.core.model import block_params, input_moments, propagate
+from initadvisor.core.model import Stack, propagate
+from initadvisor.core.ops import Attention, find, moments_forward
 from initadvisor.numbers import clean, overflow_findings, show
-from initadvisor.spec import Residual, SpecError
+from initadvisor.spec import SpecError
+from initadvisor.stack import from_spec, spec_beta
 
 SCHEMA = "initadvisor.diagram/1"
 PHASES = ("trainable", "rank_collapse", "entropy_collapse")  # codes 0, 1, 2 of the `codes` grid
@@ -87,14 +88,15 @@ def _err(message: str, option: str) -> SpecError:
 
 def beta_c_input(spec) -> float:
     """The engine's beta_c at block 1's attention input (independent of beta)."""
-    t = propagate([block_params(spec)], *input_moments(spec), backward=False)
+    net = from_spec(spec)
+    t = propagate(Stack(net.embeddings, net.layers[:1]), backward=False)
     return float(t.beta_c[0])
 
 
 def spec_value(spec, name: str) -> float:
     """The spec's own coordinate on an axis."""
     return {
-        "beta": lambda: float(block_params(spec).beta),
+        "beta": lambda: float(spec_beta(spec)),
         "alpha_sa": lambda: float(spec.res_attention.skip),
         "alpha_mlp": lambda: float(spec.res_mlp.skip),
         "depth": lambda: spec.layers,
@@ -155,35 +157,36 @@ def _overrides(spec, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     if bq and ("beta" in values or "seq_len" in values):
         # init.qk_beta sets the Q std to s, s^2 = beta sqrt(ln T) / (d scale sqrt(d_head)): the query-bias
         # share b_Q^2 / (s^2 d) follows it
-        beta = out.get("beta", float(block_params(spec).beta))
+        beta = out.get("beta", float(spec_beta(spec)))
         lnt = np.log(out.get("seq_len", float(spec.seq_len)))
         out["q_bias"] = bq**2 * spec.softmax_scale * math.sqrt(spec.d_head) / (beta * np.sqrt(lnt))
     return out
 
 
-def sweep(spec, over: dict[str, np.ndarray], layers: int, per_layer: bool = False) -> dict[str, np.ndarray]:
-    """Stream flat arrays of BlockParams overrides through `layers` identical blocks.
+def sweep(stack: Stack, over: dict[str, np.ndarray], layers: int, per_layer: bool = False) -> dict[str, np.ndarray]:
+    """Stream flat arrays of BlockParams overrides through the stack's first `layers` blocks (its last block
+    repeated beyond its depth).
 
     Returns max_rho (over layers 0..L), max_beta_ratio (over blocks 1..L) and final_rho, each of shape (n,);
     with per_layer, their prefixes: cum_rho (L+1, n) = max rho over layers 0..l, cum_ratio (L, n) = max
     beta/beta_c over blocks 1..l+1, and rho (L+1, n).
     """
-    P0 = block_params(spec)
-    q0, p0 = input_moments(spec)
     n = len(next(iter(over.values()))) if over else 1
-    step = CHUNK if spec.activation in CLOSED_FORM else QUAD_CHUNK
+    step = CHUNK if all(P.activation in CLOSED_FORM for P in stack.layers) else QUAD_CHUNK
     res = {k: np.empty(n) for k in ("max_rho", "max_beta_ratio", "final_rho")}
     if per_layer:
         res.update(cum_rho=np.empty((layers + 1, n)), cum_ratio=np.empty((layers, n)), rho=np.empty((layers + 1, n)))
     for s in range(0, n, step):
         idx = np.arange(s, min(s + step, n))
         fields = {k: v[idx] for k, v in over.items()}
-        _run_chunk(P0 if not fields else replace(P0, **fields), q0, p0, layers, idx, res, per_layer)
+        _run_chunk(stack.replace(**fields), layers, idx, res, per_layer)
     return res
 
 
-def _run_chunk(P, q0, p0, layers, idx, res, per_layer) -> None:
+def _run_chunk(stack: Stack, layers, idx, res, per_layer) -> None:
     m = idx.size
+    q0, p0 = stack.embeddings.moments()
+    blocks = stack.blocks
     q, p = np.full(m, float(q0)), np.full(m, float(p0))
     rho = p / q
     mx_rho, mx_ratio = rho.copy(), np.full(m, -np.inf)
@@ -191,10 +194,11 @@ def _run_chunk(P, q0, p0, layers, idx, res, per_layer) -> None:
         res["cum_rho"][0, idx] = mx_rho
         res["rho"][0, idx] = rho
     for layer in range(layers):
-        q, p, cache = block_forward(q, p, P)
+        k = min(layer, len(blocks) - 1)
+        q, p, cache = moments_forward(blocks[k], q, p)
         rho = p / q
         np.fmax(mx_rho, rho, out=mx_rho)
-        np.fmax(mx_ratio, np.divide(P.beta, cache["att"].beta_c), out=mx_ratio)
+        np.fmax(mx_ratio, np.divide(stack.layers[k].beta, find(blocks[k], cache, Attention).beta_c), out=mx_ratio)
         if per_layer:
             res["cum_rho"][layer + 1, idx] = mx_rho
             res["cum_ratio"][layer, idx] = mx_ratio
@@ -216,10 +220,11 @@ def alpha_c(spec, rho_max: float, field: str = "skip_a", beta: float | None = No
     """Smallest skip strength with rho < rho_max at every layer (recommend.alpha_c), by vectorised grid
     refinement instead of brentq: three or four engine passes of 65 points each."""
     base = {} if beta is None else {"beta": np.full(1, beta)}
+    net = from_spec(spec)
 
     def ok(a: np.ndarray) -> np.ndarray:
         over = {field: a, **{k: np.broadcast_to(v, a.shape) for k, v in base.items()}}
-        return sweep(spec, over, spec.layers)["max_rho"] < rho_max
+        return sweep(net, over, spec.layers)["max_rho"] < rho_max
 
     grid = np.linspace(0.0, ceiling, 321)
     good = ok(grid)
@@ -276,13 +281,13 @@ def diagram(spec, x: str = "beta", y: str = "alpha_sa", grid: int = 64, x_range=
     ny, nx = ys.size, xs.size
     if "depth" in (x, y):
         other, ov, dv = (y, ys, xs) if x == "depth" else (x, xs, ys)
-        r = sweep(spec, _overrides(spec, {other: ov}), int(dv.max()), per_layer=True)
+        r = sweep(from_spec(spec), _overrides(spec, {other: ov}), int(dv.max()), per_layer=True)
         mr, mb, fr = r["cum_rho"][dv], r["cum_ratio"][dv - 1], r["rho"][dv]  # (n_depth, n_other)
         if x == "depth":
             mr, mb, fr = mr.T, mb.T, fr.T  # rows = y = other
     else:
         Y, X = np.meshgrid(ys, xs, indexing="ij")
-        r = sweep(spec, _overrides(spec, {x: X.ravel(), y: Y.ravel()}), spec.layers)
+        r = sweep(from_spec(spec), _overrides(spec, {x: X.ravel(), y: Y.ravel()}), spec.layers)
         mr, mb, fr = (r[k].reshape(ny, nx) for k in ("max_rho", "max_beta_ratio", "final_rho"))
     thr = spec.thresholds["rank_collapse_rho"]
     codes = classify(mr, mb, thr)

@@ -6,7 +6,6 @@ file's suffix (.png, .svg, .pdf).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from initadvisor.diagram import COLORS, NAMES, PHASES

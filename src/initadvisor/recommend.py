@@ -1,7 +1,8 @@
 """`recommend`: solve for beta, alpha_c, tau and the DeepScaleLM variances; run the known recipes side by side.
 
 Every recipe is a Spec (what the spec format can express) plus per-layer BlockParams fields (what it cannot,
-e.g. DeepScaleLM's per-layer V/O variance or Admin's per-layer skip), run through the same engine.
+e.g. DeepScaleLM's per-layer V/O variance or Admin's per-layer skip): one per-layer Stack, on which every
+analysis of the recipe runs (forward, backward, causal, Q/K laws).
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import numpy as np
 
 from initadvisor.core import gradients as G
 from initadvisor.core.deepscalelm import dslm_init
-from initadvisor.core.model import Trace, block_params, input_correlation, input_moments, propagate
+from initadvisor.core.model import Stack, Trace, propagate
 from initadvisor.diagnose import analyse, diagnose, verdict
 from initadvisor.init_code import render, residual_instructions
 from initadvisor.numbers import clean, overflow_findings, show, status
 from initadvisor.spec import MatrixInit, Residual, Spec, SpecError, build_spec
+from initadvisor.stack import from_spec, input_correlation, spec_beta
 
 BETA_MARGIN = 0.8  # recommended beta = 0.8 x beta_c,min / 2: inside the sharp (Gaussian) regime of 001 B.3
 ALPHA_CEILING = 16.0  # alpha_c is searched in [0, 16]
@@ -35,10 +37,12 @@ class Recipe:
     notes: list[str] = field(default_factory=list)
     undefined: str = ""  # why the recipe has no numbers for this spec (it is then not run)
 
+    def stack(self) -> Stack:
+        """The recipe's own per-layer model: every analysis of the recipe runs on it."""
+        return from_spec(self.spec, self.per_layer)
+
     def run(self) -> Trace:
-        P = block_params(self.spec)
-        blocks = [replace(P, **{k: float(v[i]) for k, v in self.per_layer.items()}) for i in range(self.spec.layers)]
-        return propagate(blocks, *input_moments(self.spec))
+        return propagate(self.stack())
 
 
 def _with_init(spec: Spec, **stds: float) -> Spec:
@@ -58,8 +62,7 @@ def _xavier(fan_in: int, fan_out: int) -> float:
 
 def max_rho(spec: Spec, **over) -> np.ndarray:
     """Largest predicted rho over the layers, vectorised over array-valued overrides."""
-    P = replace(block_params(spec), **over)
-    t = propagate([P] * spec.layers, *input_moments(spec), backward=False)
+    t = propagate(from_spec(spec, **over), backward=False)
     return t.rho.max(axis=0)
 
 
@@ -80,10 +83,9 @@ def alpha_c(spec: Spec, rho_max: float, which: str = "skip_a") -> tuple[float | 
 
 def beta_recommendation(spec: Spec) -> tuple[float, np.ndarray]:
     """beta = BETA_MARGIN x min_l beta_c,l / 2, with beta_c at the geometry that beta itself produces."""
-    beta = float(block_params(spec).beta)
+    beta = float(spec_beta(spec))
     for _ in range(3):  # fixed point: beta_c depends weakly on beta through the IPR
-        P = replace(block_params(spec), beta=beta)
-        t = propagate([P] * spec.layers, *input_moments(spec), backward=False)
+        t = propagate(from_spec(spec, beta=beta), backward=False)
         beta = BETA_MARGIN * float(t.beta_c.min()) / 2
     return beta, t.beta_c
 
@@ -168,14 +170,17 @@ def recipe_tfixup(spec: Spec) -> Recipe:
 
 def recipe_admin(spec: Spec) -> Recipe:
     """Post-LN with skip omega_i = sqrt(sum_{j<i} Var f_j): branch variances profiled by the engine."""
-    from initadvisor.core.components import attention_forward, mlp_forward
+    from initadvisor.core.ops import MLP, Attention, Dropout
 
     s = replace(spec, norm="post", embedding_norm=True, parallel_residual=False)
-    base = Recipe("admin", "", "", s).run()
-    P = block_params(s)
-    var_att = P.block_a**2 * attention_forward(base.att_q, base.att_p, P)[0]
-    var_mlp = P.block_m**2 * mlp_forward(1.0, 0.0, P)[0] * np.ones_like(var_att)  # post-LN: MLP input has q = 1
-    q0 = input_moments(s)[0]
+    net = Recipe("admin", "", "", s).stack()
+    base = propagate(net)
+    P = net.layers[0]
+    att = Attention(P).moments(base.att_q, base.att_p)
+    var_att = P.block_a**2 * Dropout(P.dropout).moments(att[0], att[1])[0]
+    mlp = MLP(P).moments(1.0, 0.0)
+    var_mlp = P.block_m**2 * Dropout(P.dropout).moments(mlp[0], mlp[1])[0] * np.ones_like(var_att)  # post-LN: q = 1
+    q0 = net.embeddings.moments()[0]
     branch = np.column_stack([var_att, var_mlp]).ravel()  # sublayers in order: att 1, mlp 1, att 2, ...
     omega = np.sqrt(q0 + np.concatenate([[0.0], np.cumsum(branch)[:-1]]))
     return Recipe("admin", "post-LN x_i = LN(omega_i x + f_i(x)), omega_i^2 = Var(embeddings) + sum_{j<i} Var f_j",
@@ -190,7 +195,7 @@ def _summary(r: Recipe) -> dict:
         return {"name": r.name, "formula": r.formula, "source": r.source, "final_rho": None, "max_rho": None,
                 "worst_beta_ratio": None, "grad_ratio": None, "grad_ratio_blocks": None, "verdict": "undefined",
                 "findings": [], "notes": [r.undefined, *r.notes]}
-    a = analyse(r.spec, r.run())
+    a = analyse(r.spec, r.stack())
     t, law = a.trace, a.growth["gradient"]
     findings = diagnose(r.spec, a)
     return {"name": r.name, "formula": r.formula, "source": r.source, "final_rho": _f(t.rho[-1]),
@@ -227,7 +232,7 @@ def recommend(spec: Spec, rho_max: float = 0.99, k: float = 2.0, alpha_mlp: bool
     rep = {
         "schema": "initadvisor.recommend/1",
         "spec": spec.to_dict(),
-        "beta": _f(block_params(spec).beta),
+        "beta": _f(spec_beta(spec)),
         "beta_c": _f(bc.min()), "beta_c_per_layer": [_f(x) for x in bc], "binding_layer": int(np.argmin(bc)) + 1,
         "beta_recommended": _f(beta), "beta_margin": BETA_MARGIN, "qk_std": None if qk_std is None else _f(qk_std),
         "alpha_c": None if a_c is None else _f(a_c), "alpha_c_how": a_how,

@@ -32,7 +32,6 @@ Every quantity X comes with its standard error X_se over the n = seeds x batch s
 from __future__ import annotations
 
 import inspect
-import math
 from typing import Any, Callable
 
 import numpy as np
@@ -40,30 +39,18 @@ import torch
 from torch import nn
 
 from initadvisor.core.causal import thirds
-from initadvisor.simulate import mean_se, ratio_se, zipf_ids
+from initadvisor.core.ops import zipf_ids
+from initadvisor.families import ATTN_DROPOUT_KEYS, BLOCK_PATHS
+from initadvisor.simulate import mean_se, ratio_se
 
 __all__ = ["measure", "find_blocks", "reinit", "sample_tokens", "measure_spec", "measure_hf_config", "apply",
-           "SpecModel"]
-
-# where the list of transformer blocks lives, tried in order (base models first, then wrappers)
-_BLOCK_PATHS = (
-    "encoder.layer",  # BERT, RoBERTa, ELECTRA
-    "h",  # GPT-2 base
-    "layers",  # GPT-NeoX, Llama, Mistral, Qwen2 base models
-    "transformer.h",  # GPT2LMHeadModel, nanoGPT
-    "gpt_neox.layers",  # GPTNeoXForCausalLM
-    "model.layers",  # LlamaForCausalLM & co.
-    "bert.encoder.layer", "roberta.encoder.layer", "electra.encoder.layer",
-    "blocks",
-)
-# config fields holding the attention-probability dropout rate
-_ATTN_DROPOUT_KEYS = ("attention_probs_dropout_prob", "attn_pdrop", "attention_dropout")
+           "SpecModel", "OpModule"]
 
 
 def find_blocks(model: nn.Module) -> nn.ModuleList:
     """The ModuleList of transformer blocks of a HuggingFace (BERT-family, GPT-2, GPT-NeoX, Llama-family) or
     nanoGPT-style model."""
-    for path in _BLOCK_PATHS:
+    for path in BLOCK_PATHS:
         obj: Any = model
         for part in path.split("."):
             obj = getattr(obj, part, None)
@@ -72,7 +59,7 @@ def find_blocks(model: nn.Module) -> nn.ModuleList:
         if isinstance(obj, nn.ModuleList) and len(obj) > 0:
             return obj
     raise ValueError(f"cannot find the transformer blocks of {type(model).__name__} "
-                     f"(looked for {', '.join(_BLOCK_PATHS)})")
+                     f"(looked for {', '.join(BLOCK_PATHS)})")
 
 
 def reinit(model: nn.Module | Callable[[], nn.Module], seed: int, eager: bool = True) -> nn.Module:
@@ -130,7 +117,7 @@ def _vocab(model: nn.Module) -> int | None:
 
 def _attn_dropout(model: nn.Module) -> float:
     cfg = getattr(model, "config", None)
-    for key in _ATTN_DROPOUT_KEYS:
+    for key in ATTN_DROPOUT_KEYS:
         v = getattr(cfg, key, None)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return float(v)
@@ -326,97 +313,33 @@ def measure(
 # torch backend, and `apply`: initialise a real model with a recommendation.
 
 
-def _linear(d_in: int, d_out: int, init) -> nn.Linear:
-    lin = nn.Linear(d_in, d_out)
-    nn.init.normal_(lin.weight, 0.0, init.std)
-    nn.init.normal_(lin.bias, 0.0, init.bias_std) if init.bias_std else nn.init.zeros_(lin.bias)
-    return lin
+class OpModule(nn.Module):
+    """One operation of core/ops.py as a module: the submodules of its `torch_build`, its `torch_forward`."""
 
-
-def _norm(spec) -> nn.Module:
-    kind = nn.RMSNorm if spec.norm_type == "rmsnorm" else nn.LayerNorm
-    return kind(spec.d_model, eps=1e-5, elementwise_affine=False)
-
-
-_ACT = {"relu": nn.ReLU(), "gelu": nn.GELU(), "gelu_tanh": nn.GELU(approximate="tanh"), "silu": nn.SiLU(),
-        "tanh": nn.Tanh(), "linear": nn.Identity(), "swiglu": nn.SiLU(), "geglu": nn.GELU()}
-
-
-class SpecBlock(nn.Module):
-    def __init__(self, spec):
+    def __init__(self, op, d: int):
         super().__init__()
-        s, d, kv = spec, spec.d_model, spec.kv_heads * spec.d_head
-        self.s = s
-        self.q, self.k, self.v = _linear(d, d, s.init["q"]), _linear(d, kv, s.init["k"]), _linear(d, kv, s.init["v"])
-        self.o = _linear(d, d, s.init["o"]) if s.out_proj else nn.Identity()
-        gated = s.activation in ("swiglu", "geglu")
-        self.ff_in = _linear(d, s.d_ff, s.init["ff_in"])
-        self.ff_up = _linear(d, s.d_ff, s.init["ff_in"]) if gated else None
-        self.ff_out = _linear(s.d_ff, d, s.init["ff_out"])
-        self.n1, self.n2 = (_norm(s), _norm(s)) if s.norm != "none" else (nn.Identity(), nn.Identity())
-        self.drop, self.attn_drop = nn.Dropout(s.dropout), nn.Dropout(s.attention_dropout)
-
-    def attn(self, u: torch.Tensor) -> torch.Tensor:
-        s, (B, T, d) = self.s, u.shape
-        h, g = s.heads, s.heads // s.kv_heads
-        q = self.q(u).view(B, T, h, s.d_head).transpose(1, 2)
-        k = self.k(u).view(B, T, s.kv_heads, s.d_head).transpose(1, 2).repeat_interleave(g, dim=1)
-        v = self.v(u).view(B, T, s.kv_heads, s.d_head).transpose(1, 2).repeat_interleave(g, dim=1)
-        scores = (q @ k.transpose(-1, -2)) * s.softmax_scale
-        mask = torch.ones(T, T, dtype=torch.bool, device=u.device).tril() if s.causal else None
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        out = self.attn_drop(scores.softmax(-1)) @ v
-        if s.attention == "centered":  # subtract the values' mean over the attended keys
-            w = mask.float() if mask is not None else torch.ones(T, T, device=u.device)
-            out = out - (w / w.sum(-1, keepdim=True)) @ v
-        return self.o(out.transpose(1, 2).reshape(B, T, d))
-
-    def mlp(self, u: torch.Tensor) -> torch.Tensor:
-        a = _ACT[self.s.activation](self.ff_in(u))
-        return self.ff_out(a * self.ff_up(u) if self.ff_up is not None else a)
+        self.op = op
+        for name, mod in op.torch_build(lambda child: OpModule(child, d), d).items():
+            self.add_module(name, mod)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        s, ra, rm = self.s, self.s.res_attention, self.s.res_mlp
-        if s.parallel_residual:
-            return ra.skip * x + ra.block * self.drop(self.attn(self.n1(x))) + rm.block * self.drop(self.mlp(self.n2(x)))
-        if s.norm == "post":
-            x = self.n1(ra.skip * x + ra.block * self.drop(self.attn(x)))
-            return self.n2(rm.skip * x + rm.block * self.drop(self.mlp(x)))
-        x = ra.skip * x + ra.block * self.drop(self.attn(self.n1(x)))
-        return rm.skip * x + rm.block * self.drop(self.mlp(self.n2(x)))
+        return self.op.torch_forward(self, x)
 
 
 class SpecModel(nn.Module):
-    """The random network of a Spec: summed embedding tables (segment: one row for all tokens), optional norm,
-    dropout, then the blocks (`measure` hooks `blocks`)."""
+    """The random network of a Spec (the one `initadvisor.simulate` runs in numpy): the embeddings, then the
+    blocks (`measure` hooks `blocks`), each a sequence of operations."""
 
     def __init__(self, spec):
         super().__init__()
-        self.spec = spec
-        e = spec.init["embedding"].std
-        sizes = {"token": spec.vocab, "position": spec.seq_len, "segment": 1}
-        self.tables = nn.ModuleDict({t: nn.Embedding(sizes[t], spec.d_model) for t in spec.embeddings})
-        for table in self.tables.values():
-            nn.init.normal_(table.weight, 0.0, e)
-        self.emb_norm = _norm(spec) if spec.embedding_norm else nn.Identity()
-        self.drop = nn.Dropout(spec.dropout)
-        self.blocks = nn.ModuleList(SpecBlock(spec) for _ in range(spec.layers))
+        from initadvisor.stack import from_spec
+
+        net = from_spec(spec)
+        self.embed = OpModule(net.embeddings, spec.d_model)
+        self.blocks = nn.ModuleList(nn.Sequential(*(OpModule(op, spec.d_model) for op in ops)) for ops in net.blocks)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        B, T = input_ids.shape
-        s = self.spec
-        if s.input_correlation is not None:  # x_t = sqrt(rho) c + sqrt(1 - rho) e_t (as `simulate`)
-            sd = math.sqrt(len(s.embeddings)) * s.init["embedding"].std
-            c = torch.randn(B, 1, s.d_model, device=input_ids.device) * sd
-            x = math.sqrt(s.input_correlation) * c + math.sqrt(1 - s.input_correlation) * sd * torch.randn(
-                B, T, s.d_model, device=input_ids.device)
-            x.requires_grad_()  # no parameter feeds it: the stream's gradient is still measured from here
-        else:
-            idx = {"token": input_ids, "position": torch.arange(T, device=input_ids.device).expand(B, T),
-                   "segment": torch.zeros_like(input_ids)}
-            x = sum(table(idx[name]) for name, table in self.tables.items())
-        x = self.drop(self.emb_norm(x))
+        x = self.embed(input_ids)
         for block in self.blocks:
             x = block(x)
         return x

@@ -7,9 +7,9 @@ The exact state of one layer is the overlap matrix
 
     C[m, n] = E[x_m . x_n] / d        (m, n = 1..T; C[m, m] = q_m, C[m, n] = p_mn for m != n),
 
-pushed through the same components as the engine (components.py / blocks.py), each written for a matrix:
+pushed through the same operations as the engine (each operation's `causal` map in ops.py), each written for a matrix:
 
-* embeddings: the simplex, C = p0 11^T + (q0 - p0) I (model.input_moments; position rows are independent, so
+* embeddings: the simplex, C = p0 11^T + (q0 - p0) I (ops.Embeddings.moments; position rows are independent, so
   position embeddings only lower p0);
 * LayerNorm / RMSNorm per position: C[m, n] / sqrt(q_m q_n);
 * linear: gain C + bias^2;  dropout: the diagonal / (1 - rate);  residual: skip^2 C + block^2 F;
@@ -66,9 +66,8 @@ import numpy as np
 
 from initadvisor.core import attention as att
 from initadvisor.core import kernels
-from initadvisor.core.components import BlockParams
 
-__all__ = ["CausalTrace", "propagate_causal", "propagate_overlaps", "pair_kernel", "thirds", "summarize",
+__all__ = ["CausalTrace", "propagate_overlaps", "pair_kernel", "thirds", "summarize",
            "rem_rows", "group_edges"]
 
 _GELU = ("gelu", "geglu", "gelu_tanh")  # tanh-GeLU by GeLU's closed form, as kernels.forward (< 0.1% apart)
@@ -294,7 +293,7 @@ def _series_pair(f, a: np.ndarray, C: np.ndarray, K: int = 40) -> np.ndarray:
     return out
 
 
-def _self_kernel(act: str, q: np.ndarray) -> np.ndarray:
+def self_kernel(act: str, q: np.ndarray) -> np.ndarray:
     """E[phi(u)^2], u ~ N(0, q), per entry of q."""
     if act == "relu":
         return q / 2.0
@@ -306,7 +305,7 @@ def _self_kernel(act: str, q: np.ndarray) -> np.ndarray:
     return _series_coeffs(kernels.PHI["silu" if act == "swiglu" else act][0], u)[1][inv.reshape(q.shape)]
 
 
-def _cross_kernel(act: str, a: np.ndarray, C: np.ndarray) -> np.ndarray:
+def cross_kernel(act: str, a: np.ndarray, C: np.ndarray) -> np.ndarray:
     """E[phi(u) phi(v)] for every entry of C: Var u = a[row], Var v = a[col], Cov = C (diagonal not special)."""
     if act == "relu":
         return _relu_pair(a[:, None], a[None, :], C)
@@ -320,8 +319,8 @@ def _cross_kernel(act: str, a: np.ndarray, C: np.ndarray) -> np.ndarray:
 def pair_kernel(act: str, C: np.ndarray) -> np.ndarray:
     """E[phi(u_m) phi(u_n)] for the Gaussian field with covariance C (raw moments: the mean is kept)."""
     q = np.diag(C).copy()
-    out = _cross_kernel(act, q, C)
-    np.fill_diagonal(out, _self_kernel(act, q))
+    out = cross_kernel(act, q, C)
+    np.fill_diagonal(out, self_kernel(act, q))
     return out
 
 
@@ -351,149 +350,37 @@ def rem_rows(beta, bc: np.ndarray, lnT: float, m: np.ndarray | None = None) -> t
 
 
 # ------------------------------------------------------------------------------------------------
-# Components on the reduced state (qf: per-position q, P: group-pair overlaps)
+# The reduced state (qf: per-position q, P: group-pair overlaps); each operation's map on it is in ops.py
 
 
 @dataclass
-class _State:
+class State:
     qf: np.ndarray  # (T,)
     P: np.ndarray  # (K, K)
 
 
-def _gmean(G: _Grid, x: np.ndarray) -> np.ndarray:
-    return G.segsum(x) / G.n
-
-
-def _norm(G: _Grid, S: _State) -> _State:
-    """LayerNorm / RMSNorm per position: C[m, n] / sqrt(q_m q_n) (components.norm, per pair)."""
-    w = _gmean(G, 1.0 / np.sqrt(S.qf))
-    return _State(np.ones_like(S.qf), S.P * np.multiply.outer(w, w))
-
-
-def _linear(S: _State, gain, bias2=0.0) -> _State:
-    g, b = float(gain), float(bias2)
-    return _State(g * S.qf + b, g * S.P + b)
-
-
-def _dropout(S: _State, rate) -> _State:
-    """Training-mode dropout: independent masks per position, so only the diagonal grows by 1/(1 - rate)."""
-    if not rate:
-        return S
-    return _State(S.qf / (1.0 - float(rate)), S.P)
-
-
-def _residual(S: _State, F: _State, skip, block) -> _State:
-    s2, b2 = float(skip) ** 2, float(block) ** 2
-    return _State(s2 * S.qf + b2 * F.qf, s2 * S.P + b2 * F.P)
-
-
 @dataclass
-class _AttCache:
+class AttentionRows:
+    """What an attention operation reports per row: Y2_m, beta_c of row m, and the branch output q_m."""
+
     y2: np.ndarray
     beta_c: np.ndarray
     var: np.ndarray  # per-position attention branch output q (after W_O, before dropout)
 
 
-def _attention(G: _Grid, S: _State, P: BlockParams, lnT: float) -> tuple[_State, _AttCache]:
-    qf, Pm = S.qf, S.P
-    n, gid, m, i = G.n, G.gid, G.m, G.i
-    K = len(n)
-    qg = _gmean(G, qf)
-    # group-pair totals sum_{s in g, s' in h} C[s, s'] and their exclusive 2-D prefix sums
-    M = Pm * np.multiply.outer(n, n)
-    M[np.diag_indices(K)] = n * qg + G.pairs * np.diag(Pm)
-    SP = np.zeros((K + 1, K + 1))
-    np.cumsum(np.cumsum(M, axis=0), axis=1, out=SP[1:, 1:])
-    rc = np.zeros((K, K + 1))
-    np.cumsum(M, axis=1, out=rc[:, 1:])
-    r = rc[:, :K] / n[:, None]  # r[g, h] = row sum of one token of g over the groups before h
-    SPd = np.diag(SP)[:K]
-    rd = np.diag(r)
-    pd = np.diag(Pm)
-
-    # per row m (group g, i-th of its group): keys = groups before g + the first i tokens of g
-    cq = G.cum_within(qf)
-    g_ = gid
-    tot = SPd[g_] + 2.0 * i * rd[g_] + cq + i * (i - 1.0) * pd[g_]  # sum_{s, s' <= m} C[s, s']
-    trace = np.cumsum(qf)
-    qbar = trace / m
-    with np.errstate(invalid="ignore", divide="ignore"):
-        pbar = np.where(m > 1, (tot - trace) / (m * np.maximum(m - 1.0, 1.0)), qbar)
-    qb = float(P.q_bias)
-    qq = qf + qb
-    bc = att.beta_c(qbar, pbar, qq)
-    y2, v = rem_rows(P.beta, bc, lnT, m)
-
-    g_v, b_v2 = float(P.g_v), float(P.b_v2)
-    gap_v = g_v * np.maximum(qbar - pbar, 0.0)
-    keep = 1.0 - float(P.attn_dropout)
-    diag = (y2 - 1.0 / m) * gap_v + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
-
-    # off-diagonal fluctuations from group means: (Yp - 1/max(m, n)) gapV_min(m, n)
-    qqg = qg + qb
-    rho_q = (Pm + qb) / np.sqrt(np.multiply.outer(qqg, qqg))
-    sv, sy, gv = _gmean(G, np.sqrt(v)), _gmean(G, np.sqrt(y2)), _gmean(G, gap_v)
-    amax = G.A[G.hi]
-    amax[np.diag_indices(K)] = G.Amax
-    yp = np.minimum(np.exp(rho_q * np.multiply.outer(sv, sv)) * amax, np.multiply.outer(sy, sy))
-    out = (yp - amax) * gv[G.lo]
-
-    if not P.centered:  # uniform part: (1/(m n)) sum_{s<=m, s'<=n} Cv[s, s'], averaged over the group pair
-        A, B = G.A, G.B
-        D = _gmean(G, (cq - i * qg[gid]) / m)  # within-group spread of the diagonal (0 for constant q)
-        U = SP[:K, :K] * np.multiply.outer(A, A) + r * np.multiply.outer(B, A) + r.T * np.multiply.outer(A, B)
-        U += Pm * np.multiply.outer(B, B)
-        DA = np.multiply.outer(D, A)
-        U += np.where(G.lo == np.arange(K)[:, None], DA, DA.T)  # D of the earlier group
-        F = G.pair_min_sum(cq, 1.0 / m) / np.maximum(G.pairs, 1.0)
-        U[np.diag_indices(K)] = SPd * G.A2 + 2.0 * rd * G.Bt + pd * G.E + F
-        out += g_v * U + b_v2
-        diag += g_v * tot / (m * m) + b_v2
-    out[G.single, G.single] = 0.0
-    O = _linear(_State(diag, out), P.g_o, P.b_o2)
-    return _dropout(O, P.dropout), _AttCache(y2, bc, O.qf)
+def gmean(G: _Grid, x: np.ndarray) -> np.ndarray:
+    return G.segsum(x) / G.n
 
 
-def _mlp(G: _Grid, S: _State, P: BlockParams) -> _State:
-    C1 = _linear(S, P.g_1, P.b_12)
-    act = P.activation
-    kd = _self_kernel(act, C1.qf)
-    ko = _cross_kernel(act, _gmean(G, C1.qf), C1.P)
-    if act in ("swiglu", "geglu"):  # independent gate and up projections
-        kd, ko = kd * C1.qf, ko * C1.P
-    return _dropout(_linear(_State(kd, ko), P.g_2, P.b_22), P.dropout)
-
-
-def _block(G: _Grid, S: _State, P: BlockParams, lnT: float) -> tuple[_State, _AttCache]:
-    """One block on the reduced state; the same recipes as blocks.block_forward."""
-    if P.parallel:
-        Sn = _norm(G, S)
-        A, cache = _attention(G, Sn, P, lnT)
-        M = _mlp(G, Sn, P)
-        out = _residual(S, A, P.skip_a, P.block_a)
-        bm = float(P.block_m) ** 2
-        return _State(out.qf + bm * M.qf, out.P + bm * M.P), cache
-    pre, post = P.norm == "pre", P.norm == "post"
-    A, cache = _attention(G, _norm(G, S) if pre else S, P, lnT)
-    S = _residual(S, A, P.skip_a, P.block_a)
-    if post:
-        S = _norm(G, S)
-    M = _mlp(G, _norm(G, S) if pre else S, P)
-    S = _residual(S, M, P.skip_m, P.block_m)
-    if post:
-        S = _norm(G, S)
-    return S, cache
-
-
-def _clamp(G: _Grid, S: _State) -> _State:
+def _clamp(G: _Grid, S: State) -> State:
     """As the single-pair engine: q into [1/HUGE, HUGE], overlaps within +-sqrt(q_a q_b) of their groups."""
     qf = np.clip(np.nan_to_num(S.qf, nan=att.HUGE, posinf=att.HUGE), 1.0 / att.HUGE, att.HUGE)
-    qg = _gmean(G, qf)
+    qg = gmean(G, qf)
     bound = np.multiply.outer(np.sqrt(qg), np.sqrt(qg))
-    return _State(qf, np.clip(np.nan_to_num(S.P, nan=0.0), -bound, bound))
+    return State(qf, np.clip(np.nan_to_num(S.P, nan=0.0), -bound, bound))
 
 
-def _summary(G: _Grid, S: _State) -> tuple[float, np.ndarray, np.ndarray]:
+def _summary(G: _Grid, S: State) -> tuple[float, np.ndarray, np.ndarray]:
     """(rho over all positions, rho per third, q per third) of the reduced state."""
     n = G.n
     M = S.P * np.multiply.outer(n, n)
@@ -519,11 +406,14 @@ def _summary(G: _Grid, S: _State) -> tuple[float, np.ndarray, np.ndarray]:
 # The model
 
 
-def propagate_overlaps(blocks: Sequence[BlockParams], q0: float, p0: float, T: int,
+def propagate_overlaps(blocks: Sequence[tuple], q0: float, p0: float, T: int,
                        keep_overlap: bool = False, single: int = _SINGLE, ratio: float = _RATIO) -> CausalTrace:
-    """Run a causal stack from the simplex input C = p0 11^T + (q0 - p0) I on the grouped state.
+    """Run a causal stack (blocks: tuples of ops.py operations) from the simplex input C = p0 11^T + (q0 - p0) I
+    on the grouped state.
 
     single / ratio set the position groups (group_edges); single >= T is the full T x T resolution."""
+    from initadvisor.core.ops import Attention, causal_forward, find  # ops.py builds on this module's state
+
     T = int(T)
     if T < 2:
         raise ValueError("a causal sequence needs T >= 2")
@@ -531,7 +421,7 @@ def propagate_overlaps(blocks: Sequence[BlockParams], q0: float, p0: float, T: i
     K = len(G.n)
     Pm = np.full((K, K), float(p0))
     Pm[G.single, G.single] = 0.0
-    S = _State(np.full(T, float(q0)), Pm)
+    S = State(np.full(T, float(q0)), Pm)
     L = len(blocks)
     qs = np.empty((L + 1, T))
     rho = np.empty(L + 1)
@@ -541,20 +431,20 @@ def propagate_overlaps(blocks: Sequence[BlockParams], q0: float, p0: float, T: i
     bcs = np.empty((L, T))
     var1 = np.full(T, np.nan)
 
-    def record(k: int, S: _State) -> None:
+    def record(k: int, S: State) -> None:
         qs[k] = S.qf
         rho[k], r3[k], q3[k] = _summary(G, S)
 
     record(0, S)
-    for k, P in enumerate(blocks):
-        lnT = math.log(P.seq_len) if np.isfinite(P.seq_len) else math.log(T)
+    for k, ops in enumerate(blocks):
         with np.errstate(over="ignore", invalid="ignore"):
-            S, cache = _block(G, S, P, lnT)
+            S, caches = causal_forward(ops, G, S)
         S = _clamp(G, S)
         record(k + 1, S)
-        y2[k], bcs[k] = cache.y2, cache.beta_c
+        rows = find(ops, caches, Attention)
+        y2[k], bcs[k] = rows.y2, rows.beta_c
         if k == 0:
-            var1 = cache.var.copy()
+            var1 = rows.var.copy()
     overlap = None
     if keep_overlap:
         overlap = S.P[G.gid][:, G.gid]
@@ -565,17 +455,3 @@ def propagate_overlaps(blocks: Sequence[BlockParams], q0: float, p0: float, T: i
             q3[:, j] = qs[:, lo:hi].mean(axis=1) if hi > lo else qs.mean(axis=1)
     return CausalTrace(q=qs, rho_mean=rho, rho_thirds=r3, q_thirds=q3, y2=y2, beta_c=bcs,
                        attention_output_variance_layer1=var1, overlap=overlap)
-
-
-def propagate_causal(spec, keep_overlap: bool = False, **overrides) -> CausalTrace:
-    """Position-resolved forward prediction of a spec (meant for `causal: true`; runs for any spec, treating
-    attention as causal). Keyword overrides replace BlockParams fields (scalars only)."""
-    from dataclasses import replace
-
-    from initadvisor.core.model import block_params, input_moments
-
-    P = block_params(spec)
-    if overrides:
-        P = replace(P, **overrides)
-    q0, p0 = input_moments(spec)
-    return propagate_overlaps([P] * spec.layers, q0, p0, spec.seq_len, keep_overlap=keep_overlap)

@@ -1,0 +1,860 @@
+"""The operations a transformer is built from, each defined once with every way it is computed.
+
+An operation carries, side by side:
+
+* ``moments(q, p) -> (q, p, cache)`` and ``moments_backward(gq, gp, cache)``: the map of per-coordinate second
+  moments (q = E x_i^2 of one token, p = E x_i y_i of two tokens; THEORY.md "One state for all"), forward and
+  backward, broadcasting over numpy arrays so a whole grid of hyper-parameters runs at once;
+* ``causal(G, S) -> (S, cache)``: the same map on the position-resolved state of causal models (causal.py);
+* ``draws()``, ``forward(x, w, rng) -> (y, cache)``, ``backward(dy, w, cache, wgrads)``: the numpy network the
+  Monte-Carlo measures (simulate.py), with the weights it draws;
+* ``torch_build(make)`` and ``torch_forward(m, x)``: the PyTorch module (`verify --backend torch`; torch is
+  imported only there).
+
+A block is data: a tuple of operations, built from a layer's numbers by `block`. One interpreter per backend
+runs it (model.propagate, causal.propagate_overlaps, simulate, initadvisor.torch.SpecModel); `Residual` runs
+its branches with the same interpreter.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from scipy.special import erf
+
+from initadvisor.core import attention as att
+from initadvisor.core import causal as cz
+from initadvisor.core import kernels
+
+EPS = 1e-5  # the norms' epsilon in the numpy and PyTorch networks
+GATED = {"swiglu": "silu", "geglu": "gelu"}  # gated MLP -> the activation of its gate
+EULER_GAMMA = 0.5772156649015329
+_K_TANH = math.sqrt(2.0 / math.pi)
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+@dataclass(frozen=True)
+class BlockParams:
+    """One layer's numbers; the moment fields may be numpy arrays (a grid of configurations).
+
+    The moment maps read the gains (std^2 x fan-in) and beta; the numpy and PyTorch networks read the shapes
+    and `init` ({matrix: (std, bias_std)}). The adapter (initadvisor.stack) fills both from one spec."""
+
+    beta: object  # Giorlandino-Goldt beta: score std for unit inputs / sqrt(ln T)
+    seq_len: float  # T (np.inf for the asymptotic laws)
+    g_v: object  # value gain, std^2 x d
+    g_o: object  # output-projection gain (1 without one)
+    g_1: object  # MLP input gain, std^2 x d
+    g_1b: object  # its backward (fan-out) gain, std^2 x d_ff
+    g_2: object  # MLP output gain, std^2 x d_ff
+    g_2b: object  # its backward gain, std^2 x d
+    b_v2: object = 0.0
+    b_o2: object = 0.0
+    b_12: object = 0.0
+    b_22: object = 0.0
+    q_bias: object = 0.0  # query bias share, b_Q^2 / (std_Q^2 d)
+    g_q: object = 1.0  # query and key gains, std^2 x d (the Q/K gradient laws)
+    g_k: object = 1.0
+    activation: str = "relu"
+    dropout: object = 0.0
+    attn_dropout: object = 0.0
+    skip_a: object = 1.0
+    block_a: object = 1.0
+    skip_m: object = 1.0
+    block_m: object = 1.0
+    norm: str = "post"  # post | pre | none
+    centered: bool = False
+    causal: bool = False  # forward: late-token rows (001 C.6); backward: causal column moments
+    parallel: bool = False
+    # the network (numpy Monte-Carlo and PyTorch)
+    norm_type: str = "layernorm"
+    d_model: int = 0
+    heads: int = 1
+    kv_heads: int = 1
+    d_ff: int = 0
+    softmax_scale: float = 1.0
+    out_proj: bool = True
+    init: Any = None  # {matrix: (std, bias_std)} for q, k, v, o, ff_in, ff_out
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.heads
+
+
+def block(P: BlockParams) -> tuple:
+    """The block recipes as data: post-LN (001 Algorithm 1), pre-LN (Algorithm 2), no norm, and the parallel
+    pre-LN block of GPT-NeoX (h + attn(N h) + mlp(N h)). Centered attention (Algorithm 3) is a flag of Attention."""
+    norm, drop, attn, mlp = Norm(P.norm_type), Dropout(P.dropout), Attention(P), MLP(P)
+    if P.parallel:
+        return (Residual(P.skip_a, ((P.block_a, (attn, drop)), (P.block_m, (mlp, drop))), shared=(norm,)),)
+    if P.norm == "pre":
+        return (Residual(P.skip_a, ((P.block_a, (norm, attn, drop)),)),
+                Residual(P.skip_m, ((P.block_m, (norm, mlp, drop)),)))
+    ra, rm = Residual(P.skip_a, ((P.block_a, (attn, drop)),)), Residual(P.skip_m, ((P.block_m, (mlp, drop)),))
+    return (ra, norm, rm, norm) if P.norm == "post" else (ra, rm)
+
+
+# ------------------------------------------------------------------------------------------------
+# Interpreters of a sequence of operations (Residual runs its branches with them)
+
+
+def moments_forward(ops, q, p) -> tuple[Any, Any, list]:
+    caches = []
+    for op in ops:
+        q, p, c = op.moments(q, p)
+        caches.append(c)
+    return q, p, caches
+
+
+def moments_backward(ops, gq, gp, caches):
+    for op, c in zip(reversed(ops), reversed(caches)):
+        gq, gp = op.moments_backward(gq, gp, c)
+    return gq, gp
+
+
+def causal_forward(ops, G, S) -> tuple[Any, list]:
+    caches = []
+    for op in ops:
+        S, c = op.causal(G, S)
+        caches.append(c)
+    return S, caches
+
+
+def numpy_forward(ops, x, W: dict, rng) -> tuple[np.ndarray, list]:
+    """W: the block's weights, {id(op): {name: array}} (`draws` says what each operation draws)."""
+    caches = []
+    for op in ops:
+        x, c = op.forward(x, W, rng)
+        caches.append(c)
+    return x, caches
+
+
+def numpy_backward(ops, dy, W: dict, caches, wgrads=None) -> np.ndarray:
+    for op, c in zip(reversed(ops), reversed(caches)):
+        dy = op.backward(dy, W, c, wgrads)
+    return dy
+
+
+def leaves(ops):
+    """The operations of a block in execution order, Residual's branches unfolded."""
+    for op in ops:
+        if isinstance(op, Residual):
+            yield from leaves(op.shared)
+            for _, branch in op.branches:
+                yield from leaves(branch)
+        else:
+            yield op
+
+
+def walk(ops, caches):
+    """(operation, cache) pairs of one run of a block (any backend), in execution order."""
+    for op, c in zip(ops, caches):
+        if isinstance(op, Residual):
+            cs, bcs = c
+            yield from walk(op.shared, cs)
+            for (_, branch), bc in zip(op.branches, bcs):
+                yield from walk(branch, bc)
+        else:
+            yield op, c
+
+
+def find(ops, caches, kind):
+    """The cache of the first operation of type `kind` in one run of a block."""
+    return next((c for op, c in walk(ops, caches) if isinstance(op, kind)), None)
+
+
+# ------------------------------------------------------------------------------------------------
+# Shared pieces of the moment maps
+
+
+def linear(q, p, gain, bias2=0.0):
+    """Zero-mean weights with gain = std^2 x fan-in, bias variance bias2 (THEORY.md; 001 sec. 4)."""
+    return gain * q + bias2, gain * p + bias2
+
+
+def normal(rng: np.random.Generator, shape: tuple[int, ...], std: float, dtype: np.dtype) -> np.ndarray:
+    out = rng.standard_normal(shape, dtype=dtype)
+    out *= std
+    return out
+
+
+def _lin(u: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    out = u @ w
+    if b is not None:
+        out += b
+    return out
+
+
+def _bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Batched matrix product over the leading axes, one 2-D BLAS call per slice (numpy's stacked matmul
+    is slower for the small per-head products here)."""
+    lead = a.shape[:-2]
+    out = np.empty(lead + (a.shape[-2], b.shape[-1]), dtype=np.result_type(a, b))
+    for i in np.ndindex(*lead):
+        np.matmul(a[i], b[i], out=out[i])
+    return out
+
+
+def _torch_linear(d_in: int, d_out: int, std: float, bias_std: float):
+    from torch import nn
+
+    lin = nn.Linear(d_in, d_out)
+    nn.init.normal_(lin.weight, 0.0, std)
+    nn.init.normal_(lin.bias, 0.0, bias_std) if bias_std else nn.init.zeros_(lin.bias)
+    return lin
+
+
+# ------------------------------------------------------------------------------------------------
+# Operations
+
+
+@dataclass(frozen=True)
+class Norm:
+    """LayerNorm or RMSNorm without affine parameters (their init: gain 1, bias 0)."""
+
+    kind: str = "layernorm"  # layernorm | rmsnorm
+
+    def moments(self, q, p):
+        """q <- 1, p <- p / q (001 sec. 4 'LayerNorm'; 004 A.6)."""
+        return np.ones_like(np.asarray(q, dtype=float)), p / q, q
+
+    def moments_backward(self, gq, gp, q_in):
+        """Divides by the input's q (004 A.6, Xu et al. eq. 17 at large d)."""
+        return gq / q_in, gp / q_in
+
+    def causal(self, G, S):
+        """Per position: C[m, n] / sqrt(q_m q_n)."""
+        w = cz.gmean(G, 1.0 / np.sqrt(S.qf))
+        return cz.State(np.ones_like(S.qf), S.P * np.multiply.outer(w, w)), None
+
+    def draws(self):
+        return ()
+
+    def forward(self, x, W, rng):
+        if self.kind == "layernorm":
+            y = x - x.mean(-1, keepdims=True)
+            r = 1.0 / np.sqrt((y * y).mean(-1, keepdims=True) + EPS)
+        else:  # rmsnorm
+            y = x.copy()
+            r = 1.0 / np.sqrt((x * x).mean(-1, keepdims=True) + EPS)
+        y *= r
+        return y, (y, r)
+
+    def backward(self, dy, W, cache, wgrads):
+        y, r = cache
+        dx = dy - y * (dy * y).mean(-1, keepdims=True)
+        if self.kind == "layernorm":
+            dx -= dy.mean(-1, keepdims=True)
+        dx *= r
+        return dx
+
+    def torch_build(self, make, d: int):
+        from torch import nn
+
+        kind = nn.RMSNorm if self.kind == "rmsnorm" else nn.LayerNorm
+        return {"norm": kind(d, eps=EPS, elementwise_affine=False)}
+
+    def torch_forward(self, m, x):
+        return m.norm(x)
+
+
+@dataclass(frozen=True)
+class Dropout:
+    """Training-mode dropout with 1/(1 - rate) scaling: q grows, p unchanged (004 A.3)."""
+
+    rate: object = 0.0
+
+    def moments(self, q, p):
+        return q / (1.0 - self.rate), p, None
+
+    def moments_backward(self, gq, gp, cache):
+        return gq / (1.0 - self.rate), gp
+
+    def causal(self, G, S):
+        """Independent masks per position: only the diagonal grows."""
+        if not self.rate:
+            return S, None
+        return cz.State(S.qf / (1.0 - float(self.rate)), S.P), None
+
+    def draws(self):
+        return ()
+
+    def forward(self, x, W, rng):
+        return dropout(x, self.rate, rng)
+
+    def backward(self, dy, W, mask, wgrads):
+        if mask is None:
+            return dy
+        return dy * mask * dy.dtype.type(1.0 / (1.0 - self.rate))
+
+    def torch_build(self, make, d: int):
+        from torch import nn
+
+        return {"drop": nn.Dropout(self.rate)}
+
+    def torch_forward(self, m, x):
+        return m.drop(x)
+
+
+def dropout(x: np.ndarray, p: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
+    """Training-mode dropout: x * mask / (1 - p). Returns (output, boolean keep-mask or None)."""
+    if p <= 0:
+        return x, None
+    mask = rng.random(x.shape, dtype=np.float32 if x.dtype == np.float32 else np.float64) >= p
+    return x * mask * x.dtype.type(1.0 / (1.0 - p)), mask
+
+
+@dataclass(frozen=True)
+class Residual:
+    """out = skip * x + sum_i block_i * branch_i(shared(x)); cross terms vanish at init (001 eq. 15, B.5.1).
+
+    One branch is the sequential block's sublayer; two branches after one shared norm is the parallel block."""
+
+    skip: object
+    branches: tuple  # ((block scale, ops), ...)
+    shared: tuple = ()
+
+    def moments(self, q, p):
+        qs, ps, cs = moments_forward(self.shared, q, p)
+        qo, po, caches = q, p, []
+        for i, (b, ops) in enumerate(self.branches):
+            qf, pf, c = moments_forward(ops, qs, ps)
+            caches.append(c)
+            if i == 0:
+                qo, po = self.skip**2 * q + b**2 * qf, self.skip**2 * p + b**2 * pf
+            else:
+                qo, po = qo + b**2 * qf, po + b**2 * pf
+        return qo, po, (cs, caches)
+
+    def moments_backward(self, gq, gp, cache):
+        cs, caches = cache
+        sq = sp = None
+        for (b, ops), c in zip(self.branches, caches):
+            bq, bp = moments_backward(ops, b**2 * gq, b**2 * gp, c)
+            sq, sp = (bq, bp) if sq is None else (sq + bq, sp + bp)
+        sq, sp = moments_backward(self.shared, sq, sp, cs)
+        return self.skip**2 * gq + sq, self.skip**2 * gp + sp
+
+    def causal(self, G, S):
+        Sn, cs = causal_forward(self.shared, G, S)
+        out, caches = S, []
+        s2 = float(self.skip) ** 2
+        for i, (b, ops) in enumerate(self.branches):
+            F, c = causal_forward(ops, G, Sn)
+            caches.append(c)
+            b2 = float(b) ** 2
+            out = cz.State(s2 * S.qf + b2 * F.qf, s2 * S.P + b2 * F.P) if i == 0 else \
+                cz.State(out.qf + b2 * F.qf, out.P + b2 * F.P)
+        return out, (cs, caches)
+
+    def draws(self):
+        return ()
+
+    def forward(self, x, W, rng):
+        u, cs = numpy_forward(self.shared, x, W, rng)
+        out, caches = None, []
+        for i, (b, ops) in enumerate(self.branches):
+            y, c = numpy_forward(ops, u, W, rng)
+            caches.append(c)
+            out = self.skip * x + b * y if i == 0 else out + b * y
+        return out, (cs, caches)
+
+    def backward(self, dy, W, cache, wgrads):
+        cs, caches = cache
+        du = None
+        for (b, ops), c in zip(self.branches, caches):
+            g = numpy_backward(ops, b * dy, W, c, wgrads)
+            if du is None:
+                du = g
+            else:
+                du += g
+        return self.skip * dy + numpy_backward(self.shared, du, W, cs, wgrads)
+
+    def torch_build(self, make, d: int):
+        from torch import nn
+
+        return {"shared": nn.ModuleList(make(op) for op in self.shared),
+                "branches": nn.ModuleList(nn.ModuleList(make(op) for op in ops) for _, ops in self.branches)}
+
+    def torch_forward(self, m, x):
+        """skip * x first, then each branch with the shared operations applied on its own path (as GPT-NeoX
+        and `skip * x + block * f(x)` do: the order in which autograd sums the gradient paths into x)."""
+        out = self.skip * x
+        for (b, _), mods in zip(self.branches, m.branches):
+            y = x
+            for mod in (*m.shared, *mods):
+                y = mod(y)
+            out = out + b * y
+        return out
+
+
+@dataclass
+class AttentionCache:
+    q_in: object
+    p_in: object
+    beta_c: object
+    y2: object
+    yp: object
+    y3: object
+    mom: tuple
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Softmax attention: Q, K, V projections (GQA: kv_heads K/V heads), scaled scores, causal mask, softmax as a
+    Random Energy Model at init (001 Result 1), attention dropout, A V (minus the attended keys' mean of V when
+    centered, 001 Algorithm 3), output projection."""
+
+    P: BlockParams
+
+    def moments(self, q, p):
+        """V projection, REM mixing, output projection (001 eq. 14, Result 1)."""
+        P = self.P
+        qq = q + P.q_bias
+        bc = att.beta_c(q, p, qq)
+        y2, yp, y3 = att.participation(P.beta, bc, (p + P.q_bias) / qq, P.seq_len)
+        mom = att.mixing(y2, yp, P.seq_len, P.centered, P.attn_dropout)
+        qv, pv = linear(q, p, P.g_v, P.b_v2)
+        qa, pa = att.mix_forward(qv, pv, mom)
+        qo, po = linear(qa, pa, P.g_o, P.b_o2)
+        return qo, po, AttentionCache(q, p, bc, y2, yp, y3, mom)
+
+    def moments_backward(self, gq, gp, c: AttentionCache):
+        """Value path only (the Q/K path is O(1/T) per entry in the uniform phase)."""
+        P = self.P
+        gq, gp = P.g_o * gq, P.g_o * gp
+        gq, gp = att.mix_backward(gq, gp, c.mom, P.seq_len, P.causal)
+        return P.g_v * gq, P.g_v * gp
+
+    def causal(self, G, S):
+        """Row m attends to keys 1..m: a REM at m keys (causal.py's module docstring derives each term)."""
+        P = self.P
+        lnT = math.log(P.seq_len) if np.isfinite(P.seq_len) else math.log(G.T)
+        qf, Pm = S.qf, S.P
+        n, gid, m, i = G.n, G.gid, G.m, G.i
+        K = len(n)
+        qg = cz.gmean(G, qf)
+        # group-pair totals sum_{s in g, s' in h} C[s, s'] and their exclusive 2-D prefix sums
+        M = Pm * np.multiply.outer(n, n)
+        M[np.diag_indices(K)] = n * qg + G.pairs * np.diag(Pm)
+        SP = np.zeros((K + 1, K + 1))
+        np.cumsum(np.cumsum(M, axis=0), axis=1, out=SP[1:, 1:])
+        rc = np.zeros((K, K + 1))
+        np.cumsum(M, axis=1, out=rc[:, 1:])
+        r = rc[:, :K] / n[:, None]  # r[g, h] = row sum of one token of g over the groups before h
+        SPd = np.diag(SP)[:K]
+        rd = np.diag(r)
+        pd = np.diag(Pm)
+
+        # per row m (group g, i-th of its group): keys = groups before g + the first i tokens of g
+        cq = G.cum_within(qf)
+        g_ = gid
+        tot = SPd[g_] + 2.0 * i * rd[g_] + cq + i * (i - 1.0) * pd[g_]  # sum_{s, s' <= m} C[s, s']
+        trace = np.cumsum(qf)
+        qbar = trace / m
+        with np.errstate(invalid="ignore", divide="ignore"):
+            pbar = np.where(m > 1, (tot - trace) / (m * np.maximum(m - 1.0, 1.0)), qbar)
+        qb = float(P.q_bias)
+        qq = qf + qb
+        bc = att.beta_c(qbar, pbar, qq)
+        y2, v = cz.rem_rows(P.beta, bc, lnT, m)
+
+        g_v, b_v2 = float(P.g_v), float(P.b_v2)
+        gap_v = g_v * np.maximum(qbar - pbar, 0.0)
+        keep = 1.0 - float(P.attn_dropout)
+        diag = (y2 - 1.0 / m) * gap_v + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
+
+        # off-diagonal fluctuations from group means: (Yp - 1/max(m, n)) gapV_min(m, n)
+        qqg = qg + qb
+        rho_q = (Pm + qb) / np.sqrt(np.multiply.outer(qqg, qqg))
+        sv, sy, gv = cz.gmean(G, np.sqrt(v)), cz.gmean(G, np.sqrt(y2)), cz.gmean(G, gap_v)
+        amax = G.A[G.hi]
+        amax[np.diag_indices(K)] = G.Amax
+        yp = np.minimum(np.exp(rho_q * np.multiply.outer(sv, sv)) * amax, np.multiply.outer(sy, sy))
+        out = (yp - amax) * gv[G.lo]
+
+        if not P.centered:  # uniform part: (1/(m n)) sum_{s<=m, s'<=n} Cv[s, s'], averaged over the group pair
+            A, B = G.A, G.B
+            D = cz.gmean(G, (cq - i * qg[gid]) / m)  # within-group spread of the diagonal (0 for constant q)
+            U = SP[:K, :K] * np.multiply.outer(A, A) + r * np.multiply.outer(B, A) + r.T * np.multiply.outer(A, B)
+            U += Pm * np.multiply.outer(B, B)
+            DA = np.multiply.outer(D, A)
+            U += np.where(G.lo == np.arange(K)[:, None], DA, DA.T)  # D of the earlier group
+            F = G.pair_min_sum(cq, 1.0 / m) / np.maximum(G.pairs, 1.0)
+            U[np.diag_indices(K)] = SPd * G.A2 + 2.0 * rd * G.Bt + pd * G.E + F
+            out += g_v * U + b_v2
+            diag += g_v * tot / (m * m) + b_v2
+        out[G.single, G.single] = 0.0
+        g_o, b_o2 = float(P.g_o), float(P.b_o2)
+        O = cz.State(g_o * diag + b_o2, g_o * out + b_o2)
+        return O, cz.AttentionRows(y2, bc, O.qf)
+
+    def draws(self):
+        """(name, shape, std, phase): matrices, then biases (phase 1); a zero bias std draws no bias."""
+        P, d = self.P, self.P.d_model
+        kvw = P.kv_heads * P.d_head
+        mats = ("q", (d, d)), ("k", (d, kvw)), ("v", (d, kvw))
+        mats += (("o", (d, d)),) if P.out_proj else ()
+        out = [("w" + m, shape, P.init[m][0], 0) for m, shape in mats]
+        return out + [("b" + m, shape[1:], P.init[m][1], 1) for m, shape in mats if P.init[m][1] > 0]
+
+    def forward(self, u, W, rng):
+        P, w = self.P, W[id(self)]
+        B, T, d = u.shape
+        H, KV, dh = P.heads, P.kv_heads, P.d_head
+        G = H // KV
+        # head h = kv * G + g uses K/V head kv (consecutive heads share, like repeat_interleave)
+        q = _lin(u, w["wq"], w.get("bq")).reshape(B, T, KV, G, dh).transpose(0, 2, 3, 1, 4).reshape(B, KV, G * T, dh)
+        k = _lin(u, w["wk"], w.get("bk")).reshape(B, T, KV, dh).transpose(0, 2, 1, 3)
+        v = _lin(u, w["wv"], w.get("bv")).reshape(B, T, KV, dh).transpose(0, 2, 1, 3)
+        s = _bmm(q, k.transpose(0, 1, 3, 2))  # (B, KV, G*T, T)
+        s *= s.dtype.type(P.softmax_scale)
+        s = s.reshape(B, KV, G, T, T)
+        if P.causal:
+            s += _causal_bias(T, s.dtype)
+        s -= s.max(-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(-1, keepdims=True)
+        a = s.reshape(B, KV, G * T, T)
+        y2 = np.einsum("bkrt,bkrt->b", a, a, dtype=np.float64) / (H * T)
+        ad, mask = dropout(a, P.attn_dropout, rng)
+        o = _bmm(ad, v)  # (B, KV, G*T, dh)
+        del ad
+        if P.centered:
+            o = o.reshape(B, KV, G, T, dh)
+            if P.causal:
+                o -= (np.cumsum(v, axis=2) / _counts(T, v.dtype)[:, None])[:, :, None]
+            else:
+                o -= v.mean(axis=2, keepdims=True)[:, :, None]
+        o = o.reshape(B, KV, G, T, dh).transpose(0, 3, 1, 2, 4).reshape(B, T, d)
+        y = _lin(o, w["wo"], w.get("bo")) if P.out_proj else o
+        return y, {"u": u, "q": q, "k": k, "v": v, "a": a, "mask": mask, "y2": y2}
+
+    def backward(self, dy, W, c, wgrads):
+        P, w = self.P, W[id(self)]
+        B, T, d = dy.shape
+        H, KV, dh = P.heads, P.kv_heads, P.d_head
+        G = H // KV
+        do = dy @ w["wo"].T if P.out_proj else dy
+        do = do.reshape(B, T, KV, G, dh).transpose(0, 2, 3, 1, 4).reshape(B, KV, G * T, dh)
+        q, k, v, a, mask = c["q"], c["k"], c["v"], c["a"], c["mask"]
+        pa = P.attn_dropout
+        ad = a if mask is None else a * mask * a.dtype.type(1.0 / (1.0 - pa))
+        dv = _bmm(ad.transpose(0, 1, 3, 2), do)  # (B, KV, T, dh)
+        del ad
+        if P.centered:
+            rows = do.reshape(B, KV, G, T, dh).sum(2)  # (B, KV, T, dh)
+            if P.causal:
+                rows /= _counts(T, rows.dtype)[:, None]
+                dv -= np.cumsum(rows[:, :, ::-1], axis=2)[:, :, ::-1]
+            else:
+                dv -= rows.sum(2, keepdims=True) / T
+        da = _bmm(do, v.transpose(0, 1, 3, 2))  # (B, KV, G*T, T)
+        if mask is not None:
+            da *= mask
+            da *= da.dtype.type(1.0 / (1.0 - pa))
+        da -= (da * a).sum(-1, keepdims=True)
+        da *= a
+        da *= da.dtype.type(P.softmax_scale)  # dS
+        dq = _bmm(da, k)  # (B, KV, G*T, dh)
+        dk = _bmm(da.transpose(0, 1, 3, 2), q)  # (B, KV, T, dh)
+        del da
+        dq = dq.reshape(B, KV, G, T, dh).transpose(0, 3, 1, 2, 4).reshape(B, T, d)
+        dk = dk.transpose(0, 2, 1, 3).reshape(B, T, KV * dh)
+        dv = dv.transpose(0, 2, 1, 3).reshape(B, T, KV * dh)
+        if wgrads is not None:
+            ut = c["u"].transpose(0, 2, 1)
+            for name, g in (("wq", dq), ("wk", dk), ("wv", dv)):
+                gw = _bmm(ut, g)  # per-sequence weight gradient (B, d, width)
+                wgrads[name].append(np.einsum("bij,bij->b", gw, gw, dtype=np.float64))
+        return dq @ w["wq"].T + dk @ w["wk"].T + dv @ w["wv"].T
+
+    def torch_build(self, make, d: int):
+        from torch import nn
+
+        P, kv = self.P, self.P.kv_heads * self.P.d_head
+        mods = {m: _torch_linear(d, width, *P.init[m]) for m, width in (("q", d), ("k", kv), ("v", kv))}
+        mods["o"] = _torch_linear(d, d, *P.init["o"]) if P.out_proj else nn.Identity()
+        mods["attn_drop"] = nn.Dropout(P.attn_dropout)
+        return mods
+
+    def torch_forward(self, m, u):
+        import torch
+
+        P, (B, T, d) = self.P, u.shape
+        h, g = P.heads, P.heads // P.kv_heads
+        q = m.q(u).view(B, T, h, P.d_head).transpose(1, 2)
+        k = m.k(u).view(B, T, P.kv_heads, P.d_head).transpose(1, 2).repeat_interleave(g, dim=1)
+        v = m.v(u).view(B, T, P.kv_heads, P.d_head).transpose(1, 2).repeat_interleave(g, dim=1)
+        scores = (q @ k.transpose(-1, -2)) * P.softmax_scale
+        mask = torch.ones(T, T, dtype=torch.bool, device=u.device).tril() if P.causal else None
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        out = m.attn_drop(scores.softmax(-1)) @ v
+        if P.centered:  # subtract the values' mean over the attended keys
+            w = mask.to(v.dtype) if mask is not None else torch.ones(T, T, dtype=v.dtype, device=u.device)
+            out = out - (w / w.sum(-1, keepdim=True)) @ v
+        return m.o(out.transpose(1, 2).reshape(B, T, d))
+
+
+@lru_cache(maxsize=16)
+def _causal_bias_cached(T: int, dtype: str) -> np.ndarray:
+    out = np.zeros((T, T), dtype=dtype)
+    out[np.triu_indices(T, 1)] = -np.inf
+    return out
+
+
+def _causal_bias(T: int, dtype: np.dtype) -> np.ndarray:
+    return _causal_bias_cached(T, np.dtype(dtype).str)
+
+
+def _counts(T: int, dtype: np.dtype) -> np.ndarray:
+    return np.arange(1, T + 1, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class MLP:
+    """act(u W1 + b1) W2 + b2; gated (SwiGLU / GeGLU): (act(u W_gate + b_gate) * (u W_up + b_up)) W_down + b_down."""
+
+    P: BlockParams
+
+    def moments(self, q, p):
+        """001 eq. 16 generalised by kernels; gated: independent gate and up projections."""
+        P = self.P
+        q1, p1 = linear(q, p, P.g_1, P.b_12)
+        kq, kp = kernels.forward(P.activation, q1, p1)
+        if P.activation in GATED:
+            kq, kp = kq * q1, kp * p1
+        q2, p2 = linear(kq, kp, P.g_2, P.b_22)
+        return q2, p2, (q1, p1)
+
+    def moments_backward(self, gq, gp, cache):
+        P = self.P
+        q1, p1 = cache
+        gq, gp = P.g_2b * gq, P.g_2b * gp
+        dq, dp = kernels.backward(P.activation, q1, p1)
+        if P.activation in GATED:
+            kq, kp = kernels.forward(P.activation, q1, p1)
+            dq, dp = dq * q1 + kq, dp * p1 + kp  # gate path + up path
+        return P.g_1b * dq * gq, P.g_1b * dp * gp
+
+    def causal(self, G, S):
+        P = self.P
+        g, b = float(P.g_1), float(P.b_12)
+        C1 = cz.State(g * S.qf + b, g * S.P + b)
+        kd = cz.self_kernel(P.activation, C1.qf)
+        ko = cz.cross_kernel(P.activation, cz.gmean(G, C1.qf), C1.P)
+        if P.activation in GATED:
+            kd, ko = kd * C1.qf, ko * C1.P
+        g, b = float(P.g_2), float(P.b_22)
+        return cz.State(g * kd + b, g * ko + b), None
+
+    def draws(self):
+        """W1 (W_up when gated) and W2 with the matrices, biases in phase 1, the gate's pair in phase 2."""
+        P, d, f = self.P, self.P.d_model, self.P.d_ff
+        (s1, b1), (s2, b2) = P.init["ff_in"], P.init["ff_out"]
+        out = [("w_in", (d, f), s1, 0), ("w_out", (f, d), s2, 0)]
+        out += [("b_in", (f,), b1, 1)] if b1 > 0 else []
+        out += [("b_out", (d,), b2, 1)] if b2 > 0 else []
+        if P.activation in GATED:
+            out += [("w_gate", (d, f), s1, 2)] + ([("b_gate", (f,), b1, 2)] if b1 > 0 else [])
+        return out
+
+    def forward(self, u, W, rng):
+        act, w = self.P.activation, W[id(self)]
+        z = _lin(u, w["w_in"], w.get("b_in"))
+        if act in GATED:
+            zg = _lin(u, w["w_gate"], w.get("b_gate"))
+            a = activation(GATED[act], zg) * z
+            return _lin(a, w["w_out"], w.get("b_out")), {"z": z, "zg": zg}
+        return _lin(activation(act, z), w["w_out"], w.get("b_out")), {"z": z}
+
+    def backward(self, dy, W, cache, wgrads):
+        act, w = self.P.activation, W[id(self)]
+        da = dy @ w["w_out"].T
+        z = cache["z"]
+        if act in GATED:
+            name, zg = GATED[act], cache["zg"]
+            dz = da * activation(name, zg)
+            dzg = da * z * activation_grad(name, zg)
+            return dz @ w["w_in"].T + dzg @ w["w_gate"].T
+        return (da * activation_grad(act, z)) @ w["w_in"].T
+
+    def torch_build(self, make, d: int):
+        P = self.P
+        mods = {"ff_in": _torch_linear(d, P.d_ff, *P.init["ff_in"])}
+        if P.activation in GATED:
+            mods["ff_up"] = _torch_linear(d, P.d_ff, *P.init["ff_in"])
+        mods["ff_out"] = _torch_linear(P.d_ff, d, *P.init["ff_out"])
+        return mods
+
+    def torch_forward(self, m, u):
+        from torch import nn
+
+        act = {"relu": nn.functional.relu, "gelu": nn.functional.gelu, "silu": nn.functional.silu,
+               "gelu_tanh": lambda x: nn.functional.gelu(x, approximate="tanh"), "tanh": lambda x: x.tanh(),
+               "linear": lambda x: x}[GATED.get(self.P.activation, self.P.activation)]
+        a = act(m.ff_in(u))
+        return m.ff_out(a * m.ff_up(u) if hasattr(m, "ff_up") else a)
+
+
+def activation(name: str, z: np.ndarray) -> np.ndarray:
+    if name == "relu":
+        return np.maximum(z, 0)
+    if name == "gelu":
+        return 0.5 * z * (1.0 + erf(z * _INV_SQRT2))
+    if name == "gelu_tanh":
+        return 0.5 * z * (1.0 + np.tanh(_K_TANH * (z + 0.044715 * z**3)))
+    if name == "silu":
+        with np.errstate(over="ignore"):
+            return z / (1.0 + np.exp(-z))
+    if name == "tanh":
+        return np.tanh(z)
+    if name == "linear":
+        return z.copy()
+    raise ValueError(f"unknown activation {name!r}")
+
+
+def activation_grad(name: str, z: np.ndarray) -> np.ndarray:
+    if name == "relu":
+        return (z > 0).astype(z.dtype)
+    if name == "gelu":
+        return 0.5 * (1.0 + erf(z * _INV_SQRT2)) + z * _INV_SQRT2PI * np.exp(-0.5 * z * z)
+    if name == "gelu_tanh":
+        t = np.tanh(_K_TANH * (z + 0.044715 * z**3))
+        return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * _K_TANH * (1.0 + 3 * 0.044715 * z * z)
+    if name == "silu":
+        with np.errstate(over="ignore"):
+            s = 1.0 / (1.0 + np.exp(-z))
+        return s * (1.0 + z * (1.0 - s))
+    if name == "tanh":
+        t = np.tanh(z)
+        return 1.0 - t * t
+    if name == "linear":
+        return np.ones_like(z)
+    raise ValueError(f"unknown activation {name!r}")
+
+
+# ------------------------------------------------------------------------------------------------
+# The input: stream index 0
+
+
+ZIPF_TABLE = 1 << 16  # ranks sampled from the exact cumulative law; beyond, H(i) ~ ln i + gamma is inverted
+
+
+@lru_cache(maxsize=8)
+def _harmonic(n: int) -> np.ndarray:
+    return np.cumsum(1.0 / np.arange(1, n + 1))
+
+
+def zipf_ids(vocab: int, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Ids i.i.d. Zipf p_i ~ 1/i (rank i -> id i - 1), in memory bounded by ZIPF_TABLE whatever the vocabulary."""
+    head = _harmonic(min(vocab, ZIPF_TABLE))
+    total = head[-1] if vocab <= ZIPF_TABLE else math.log(vocab) + EULER_GAMMA + 1 / (2 * vocab)
+    u = rng.random(shape) * total
+    ids = np.searchsorted(head, u, side="right").astype(np.int64)  # rank i + 1 for H(i) <= u < H(i + 1)
+    tail = u >= head[-1]
+    ids[tail] = np.floor(np.exp(u[tail] - EULER_GAMMA))  # the rank whose H(rank) first exceeds u
+    return np.minimum(ids, vocab - 1)
+
+
+def zipf_repeat_correlation(vocab: int) -> float:
+    """Probability that two positions hold the same word, tokens i.i.d. Zipf: sum_i p_i^2, p_i = c / i.
+
+    004 A.1 (digest 5) writes (L sum p_i^2 - 1)/(L - 1), which takes the counts N_i = p_i L as exact; for
+    i.i.d. draws E[sum_i N_i (N_i - 1)] / (L (L - 1)) = sum_i p_i^2 exactly (0.0137 against 0.0099 at V = 32000).
+    """
+    if vocab < 10_000:
+        i = np.arange(1, vocab + 1, dtype=float)
+        h1, h2 = float(np.sum(1 / i)), float(np.sum(1 / i**2))
+    else:
+        h1 = math.log(vocab) + EULER_GAMMA + 1 / (2 * vocab)
+        h2 = math.pi**2 / 6 - 1 / vocab
+    return h2 / h1**2
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """Summed embedding tables N(0, std^2) (token ids i.i.d. Zipf, position row t, one segment row for all
+    tokens), or x_t = sqrt(rho) c + sqrt(1 - rho) e_t when the correlation is given; then a norm and dropout."""
+
+    tables: tuple[str, ...]
+    vocab: int
+    d_model: int
+    seq_len: int
+    std: float
+    input_correlation: float | None = None  # None: from the tables
+    norm: str | None = None  # the embedding norm's kind, or None
+    dropout: float = 0.0
+
+    @property
+    def rho0(self) -> float:
+        """rho_0 of the summed tables (THEORY.md 'Inputs'), or the given correlation."""
+        if self.input_correlation is not None:
+            return self.input_correlation
+        share = {"token": zipf_repeat_correlation(self.vocab), "position": 0.0, "segment": 1.0}
+        return sum(share[t] for t in self.tables) / len(self.tables)
+
+    def moments(self) -> tuple[float, float]:
+        """(q, p) of the stream entering block 1."""
+        rho0 = self.rho0
+        q = len(self.tables) * self.std**2
+        if self.norm:
+            q = 1.0
+        return q / (1 - self.dropout), rho0 * q
+
+    def forward(self, batch: int, rng: np.random.Generator, dt: np.dtype) -> np.ndarray:
+        """Stream index 0 (batch, T, d) of the numpy network."""
+        T, d, std = self.seq_len, self.d_model, self.std
+        if self.input_correlation is not None:
+            rho = self.input_correlation
+            sigma = math.sqrt(len(self.tables)) * std
+            c = normal(rng, (batch, 1, d), sigma, dt)
+            e = normal(rng, (batch, T, d), sigma, dt)
+            x = dt.type(math.sqrt(rho)) * c + dt.type(math.sqrt(1.0 - rho)) * e
+        else:
+            x = np.zeros((batch, T, d), dtype=dt)
+            for table in self.tables:
+                if table == "token":
+                    ids = zipf_ids(self.vocab, (batch, T), rng)
+                    uniq, inv = np.unique(ids, return_inverse=True)
+                    rows = normal(rng, (len(uniq), d), std, dt)  # only the rows used: i.i.d. like the full table
+                    x += rows[inv.reshape(batch, T)]
+                elif table == "position":
+                    x += normal(rng, (T, d), std, dt)[None]
+                elif table == "segment":
+                    x += normal(rng, (d,), std, dt)[None, None]
+        if self.norm:
+            x = Norm(self.norm).forward(x, {}, rng)[0]
+        return dropout(x, self.dropout, rng)[0]
+
+    def torch_build(self, make, d: int):
+        from torch import nn
+
+        sizes = {"token": self.vocab, "position": self.seq_len, "segment": 1}
+        tables = nn.ModuleDict({t: nn.Embedding(sizes[t], d) for t in self.tables})
+        for table in tables.values():
+            nn.init.normal_(table.weight, 0.0, self.std)
+        norm = make(Norm(self.norm)) if self.norm else nn.Identity()
+        return {"tables": tables, "emb_norm": norm, "drop": nn.Dropout(self.dropout)}
+
+    def torch_forward(self, m, input_ids):
+        import torch
+
+        B, T = input_ids.shape
+        if self.input_correlation is not None:  # x_t = sqrt(rho) c + sqrt(1 - rho) e_t (as the numpy network)
+            sd = math.sqrt(len(self.tables)) * self.std
+            c = torch.randn(B, 1, self.d_model, device=input_ids.device) * sd
+            x = math.sqrt(self.input_correlation) * c + math.sqrt(1 - self.input_correlation) * sd * torch.randn(
+                B, T, self.d_model, device=input_ids.device)
+            x.requires_grad_()  # no parameter feeds it: the stream's gradient is still measured from here
+        else:
+            idx = {"token": input_ids, "position": torch.arange(T, device=input_ids.device).expand(B, T),
+                   "segment": torch.zeros_like(input_ids)}
+            x = sum(table(idx[name]) for name, table in m.tables.items())
+        return m.drop(m.emb_norm(x))

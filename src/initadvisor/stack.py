@@ -1,0 +1,81 @@
+"""The adapter: a validated Spec -> the engine's input (`Stack`: embeddings and per-layer BlockParams).
+
+The one place that reads a spec for the numerical core; everything in initadvisor.core takes the Stack.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from initadvisor.core.model import Stack, Trace, propagate, propagate_causal
+from initadvisor.core.ops import BlockParams, Embeddings
+
+
+def spec_beta(spec) -> float:
+    """Giorlandino-Goldt beta of the spec: score std for unit inputs over sqrt(ln T) (THEORY.md 'Units')."""
+    sigma_a = spec.init["q"].std * spec.init["k"].std * spec.d_model * spec.softmax_scale * math.sqrt(spec.d_head)
+    return sigma_a / math.sqrt(math.log(spec.seq_len))
+
+
+def block_params(spec) -> BlockParams:
+    """One layer's numbers: gains (std^2 x fan-in) for the moment maps, shapes and stds for the networks."""
+    gain, init = spec.gain, spec.init
+    sq = init["q"].std
+    return BlockParams(
+        beta=spec_beta(spec), seq_len=float(spec.seq_len),
+        g_v=gain("v"), g_o=gain("o") if spec.out_proj else 1.0,
+        g_1=gain("ff_in"), g_1b=init["ff_in"].std ** 2 * spec.d_ff,
+        g_2=gain("ff_out"), g_2b=init["ff_out"].std ** 2 * spec.d_model,
+        b_v2=init["v"].bias_std ** 2, b_o2=init["o"].bias_std ** 2 if spec.out_proj else 0.0,
+        b_12=init["ff_in"].bias_std ** 2, b_22=init["ff_out"].bias_std ** 2,
+        q_bias=init["q"].bias_std ** 2 / (sq**2 * spec.d_model), g_q=gain("q"), g_k=gain("k"),
+        activation=spec.activation, dropout=spec.dropout, attn_dropout=spec.attention_dropout,
+        skip_a=spec.res_attention.skip, block_a=spec.res_attention.block,
+        skip_m=spec.res_mlp.skip, block_m=spec.res_mlp.block,
+        norm=spec.norm, centered=spec.attention == "centered", parallel=spec.parallel_residual,
+        causal=spec.causal, norm_type=spec.norm_type, d_model=spec.d_model, heads=spec.heads,
+        kv_heads=spec.kv_heads, d_ff=spec.d_ff, softmax_scale=spec.softmax_scale, out_proj=spec.out_proj,
+        init={m: (init[m].std, init[m].bias_std) for m in ("q", "k", "v", "o", "ff_in", "ff_out")},
+    )
+
+
+def embeddings(spec) -> Embeddings:
+    return Embeddings(tables=tuple(spec.embeddings), vocab=spec.vocab, d_model=spec.d_model, seq_len=spec.seq_len,
+                      std=spec.init["embedding"].std, input_correlation=spec.input_correlation,
+                      norm=spec.norm_type if spec.embedding_norm else None, dropout=spec.dropout)
+
+
+def from_spec(spec, per_layer: dict[str, np.ndarray] | None = None, **fields) -> Stack:
+    """The spec's stack; `fields` replace BlockParams fields at every layer (arrays allowed), `per_layer`
+    gives one value per layer (a recipe's per-layer variances or skips)."""
+    P = block_params(spec)
+    if per_layer:
+        from dataclasses import replace
+
+        layers = tuple(replace(P, **fields, **{k: float(v[i]) for k, v in per_layer.items()})
+                       for i in range(spec.layers))
+        return Stack(embeddings(spec), layers)
+    return Stack(embeddings(spec), (P,) * spec.layers).replace(**fields)
+
+
+def input_correlation(spec) -> float:
+    """rho_0 of the summed embedding tables (THEORY.md 'Inputs'), or the spec's own value."""
+    return embeddings(spec).rho0
+
+
+def input_moments(spec) -> tuple[float, float]:
+    """(q, p) of the stream entering block 1: summed tables, optional norm, dropout."""
+    return embeddings(spec).moments()
+
+
+def run_spec(spec, **fields) -> Trace:
+    """Propagate a spec; keyword fields replace BlockParams fields (arrays allowed)."""
+    return propagate(from_spec(spec, **fields))
+
+
+def run_causal(spec, keep_overlap: bool = False, **fields):
+    """Position-resolved forward prediction of a spec (meant for `causal: true`; runs for any spec, treating
+    attention as causal). Keyword fields replace BlockParams fields (scalars only)."""
+    return propagate_causal(from_spec(spec, **fields), keep_overlap=keep_overlap)

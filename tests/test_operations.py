@@ -1,0 +1,224 @@
+"""Every operation of core/ops.py against itself: its moment map (forward and backward) against a Monte-Carlo of
+its own numpy forward/backward on random Gaussian inputs, and its numpy code against its PyTorch module (same
+weights: equal to float64 rounding; own init: the same moments).
+
+A new operation is one definition in ops.py plus an entry in OPERATIONS (and, if it has weights, in TORCH_NAMES).
+
+Inputs: tokens x_t = sqrt(p) c + sqrt(q - p) e_t (c, e_t ~ N(0, I_d)), so E x_ti^2 = q, E x_ti x_si = p;
+gradients G likewise with (gq, gp), independent of x (the mean-field assumption of every backward map).
+Tolerance: 3% of q (second moments; cross moments: 0.03 q) plus 4 standard errors over the seeds (the seed is
+the unit: one weight draw); seeds x batch x T x d = 48 x 4 x 24 x 96 puts the standard errors near 1%, and a
+planted 10% gain error fails.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from initadvisor.core.ops import MLP, Attention, Dropout, Norm, Residual, leaves, numpy_backward, numpy_forward
+from initadvisor.simulate import init_block, pair_moments
+from initadvisor.spec import build_spec
+from initadvisor.stack import block_params, embeddings
+
+D, T, B, SEEDS = 96, 24, 4, 48
+TOL = 0.03  # model error allowed, as a share of the second moment, on top of 4 standard errors of the MC
+
+
+def params(**kw):
+    """A layer's numbers from a small spec (the adapter keeps gains and stds consistent)."""
+    model = {"layers": 1, "d_model": D, "heads": 4, "d_ff": 128, **kw.pop("model", {})}
+    return block_params(build_spec({"model": model, "sequence": {"length": T, "vocab": 101}, **kw}))
+
+
+def _attention(**kw):
+    """Attention in its uniform phase (Q/K std 0.01: beta ~ 0.005), where the value path is the whole backward;
+    the query/key path and finite-T statistics beyond it are issue 13's."""
+    init = kw.pop("init", {})
+    return Attention(params(init={"std": 0.05, "q": {"std": 0.01}, "k": {"std": 0.01}, **init}, **kw))
+
+
+def _mlp(act, **kw):
+    return MLP(params(model={"activation": act}, **kw))
+
+
+OPERATIONS = {
+    "norm-layernorm": lambda: Norm("layernorm"),
+    "norm-rmsnorm": lambda: Norm("rmsnorm"),
+    "dropout": lambda: Dropout(0.2),
+    "attention": lambda: _attention(init={"v": {"std": 0.1, "bias_std": 0.05}}),
+    "attention-causal": lambda: _attention(model={"causal": True}, init={"v": {"std": 0.12}}),
+    "attention-gqa-bias": lambda: _attention(model={"kv_heads": 2}, init={"q": {"std": 0.01, "bias_std": 0.02},
+                                                                        "o": {"std": 0.08, "bias_std": 0.1}}),
+    "attention-centered": lambda: _attention(model={"attention": "centered"}, init={"v": {"bias_std": 0.05}}),
+    "attention-no-out-proj": lambda: _attention(model={"out_proj": False}),
+    "attention-dropout": lambda: _attention(attention_dropout=0.25),
+    **{f"mlp-{act}": (lambda act=act: _mlp(act, init={"std": 0.09, "ff_in": {"bias_std": 0.1}}))
+       for act in ("relu", "gelu", "gelu_tanh", "silu", "tanh", "linear", "swiglu", "geglu")},
+    "residual-mlp": lambda: Residual(0.8, ((0.6, (_mlp("relu", init={"std": 0.09}),)),)),
+    "residual-pre-norm": lambda: Residual(1.0, ((1.0, (Norm(), _mlp("gelu", init={"std": 0.09}), Dropout(0.1))),)),
+    "residual-parallel": lambda: Residual(0.9, ((0.7, (_attention(),)),
+                                                (0.5, (_mlp("silu", init={"std": 0.09}),))), shared=(Norm(),)),
+}
+INPUTS = {"q": 1.7, "p": 0.6, "gq": 1.3, "gp": 0.4}
+# Known gaps (issue 13), strict: centered attention's whole output is the O(V/T) fluctuation of A, where the REM's
+# annealed laws are 1.2x (T 24) to 2x (T 96) low in the forward and the missing query/key path halves the backward.
+GAPS = {"attention-centered"}
+
+
+def _cases():
+    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="issue 13: finite-T fluctuation, Q/K path"))
+            if n in GAPS else n for n in sorted(OPERATIONS)]
+
+
+def _stream(rng, q, p):
+    return np.sqrt(p) * rng.standard_normal((B, 1, D)) + np.sqrt(q - p) * rng.standard_normal((B, T, D))
+
+
+def _numpy_moments(op, forward_fn):
+    """Mean (q, p) of the output and (gq, gp) of the input gradient over SEEDS draws of weights and inputs,
+    and their standard errors."""
+    out = []
+    for s in range(SEEDS):
+        rng = np.random.default_rng([11, s])
+        x = _stream(rng, INPUTS["q"], INPUTS["p"])
+        G = _stream(rng, INPUTS["gq"], INPUTS["gp"])
+        y, dx = forward_fn(op, x, G, rng)
+        late = (2 * T) // 3 if _causal(op) else 0  # the causal forward map describes late tokens (001 C.6)
+        out.append([m.mean() for m in (*pair_moments(y, late), *pair_moments(dx))])
+    return np.mean(out, axis=0), np.std(out, axis=0, ddof=1) / np.sqrt(SEEDS)
+
+
+def _numpy(op, x, G, rng):
+    ops = (op,)
+    W = init_block(ops, rng)
+    y, caches = numpy_forward(ops, x, W, rng)
+    return y, numpy_backward(ops, G, W, caches)
+
+
+def _expected(op):
+    q, p, cache = op.moments(INPUTS["q"], INPUTS["p"])
+    gq, gp = op.moments_backward(INPUTS["gq"], INPUTS["gp"], cache)
+    return np.array([q, p, gq, gp], dtype=float)
+
+
+def _close(measured, expected):
+    (mq, mp, mgq, mgp), (sq, sp, sgq, sgp) = measured
+    eq, ep, egq, egp = expected
+    assert abs(mq - eq) <= TOL * eq + 4 * sq, ("q", mq, eq, sq)
+    assert abs(mp - ep) <= TOL * eq + 4 * sp, ("p", mp, ep, sp)
+    assert abs(mgq - egq) <= TOL * egq + 4 * sgq, ("grad q", mgq, egq, sgq)
+    assert abs(mgp - egp) <= TOL * egq + 4 * sgp, ("grad p", mgp, egp, sgp)
+
+
+@pytest.mark.parametrize("name", _cases())
+def test_moment_map_matches_numpy_monte_carlo(name):
+    op = OPERATIONS[name]()
+    _close(_numpy_moments(op, _numpy), _expected(op))
+
+
+def test_a_planted_gain_error_fails():
+    """The harness can fail: the MLP's moment map with its output gain 10% high is caught."""
+    from dataclasses import replace
+
+    op = OPERATIONS["mlp-relu"]()
+    wrong = MLP(replace(op.P, g_2=1.1 * op.P.g_2))
+    with pytest.raises(AssertionError):
+        _close(_numpy_moments(op, _numpy), _expected(wrong))
+
+
+# ------------------------------------------------------------------------------------------------
+# PyTorch: the same operation as a module
+
+
+TORCH_NAMES = {  # numpy weight name -> torch parameter (the transposed weight, or the bias)
+    Attention: lambda op: {f"{w}{m}": f"{m}.{'weight' if w == 'w' else 'bias'}" for m in "qkvo" for w in "wb"},
+    MLP: lambda op: ({"w_gate": "ff_in.weight", "b_gate": "ff_in.bias", "w_in": "ff_up.weight", "b_in": "ff_up.bias"}
+                     if op.P.activation in ("swiglu", "geglu") else {"w_in": "ff_in.weight", "b_in": "ff_in.bias"})
+    | {"w_out": "ff_out.weight", "b_out": "ff_out.bias"},
+}
+
+
+def _module(op):
+    torch = pytest.importorskip("torch")
+    from initadvisor.torch import OpModule
+
+    return torch, OpModule(op, D).double().train()
+
+
+def _load(module, W):
+    """Copy the numpy weights into every operation's submodules."""
+    import torch
+
+    for sub in module.modules():
+        op = getattr(sub, "op", None)
+        if id(op) not in W:
+            continue
+        for np_name, t_name in TORCH_NAMES[type(op)](op).items():
+            if np_name in W[id(op)]:
+                w = W[id(op)][np_name]
+                with torch.no_grad():
+                    sub.get_parameter(t_name).copy_(torch.from_numpy(w.T if w.ndim == 2 else w))
+
+
+def _causal(op) -> bool:
+    return any(isinstance(o, Attention) and o.P.causal for o in leaves((op,)))
+
+
+def _stochastic(op) -> bool:
+    return any((isinstance(o, Dropout) and o.rate > 0) or (hasattr(o, "P") and o.P.attn_dropout > 0)
+               for o in leaves((op,)))
+
+
+@pytest.mark.parametrize("name", sorted(n for n in OPERATIONS if not _stochastic(OPERATIONS[n]())))
+def test_numpy_equals_torch_module_on_the_same_weights(name):
+    op = OPERATIONS[name]()
+    torch, module = _module(op)
+    rng = np.random.default_rng(5)
+    W = init_block((op,), rng)
+    _load(module, W)
+    x, G = _stream(rng, 1.7, 0.6), _stream(rng, 1.3, 0.4)
+    y, caches = numpy_forward((op,), x, W, rng)
+    dx = numpy_backward((op,), G, W, caches)
+    xt = torch.tensor(x, requires_grad=True)
+    yt = module(xt)
+    (yt * torch.from_numpy(G)).sum().backward()
+    np.testing.assert_allclose(yt.detach().numpy(), y, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(xt.grad.numpy(), dx, rtol=1e-9, atol=1e-12)
+
+
+def _torch_own_init(op, x, G, rng):
+    torch, _ = _module(op)
+    torch.manual_seed(int(rng.integers(2**31)))
+    _, module = _module(op)
+    xt = torch.tensor(x, requires_grad=True)
+    y = module(xt)
+    (y * torch.from_numpy(G)).sum().backward()
+    return y.detach().numpy(), xt.grad.numpy()
+
+
+@pytest.mark.parametrize("name", _cases())
+def test_torch_module_with_its_own_init_matches_the_moment_map(name):
+    op = OPERATIONS[name]()
+    _close(_numpy_moments(op, _torch_own_init), _expected(op))
+
+
+def test_embeddings_moments_match_numpy_and_torch():
+    """The input stage: Zipf tokens + positions (+ a norm and dropout) against Embeddings.moments."""
+    spec = build_spec({"model": {"layers": 1, "d_model": D, "heads": 4}, "dropout": 0.1,
+                       "sequence": {"length": T, "vocab": 50, "embeddings": ["token", "position", "segment"]},
+                       "init": {"embedding": {"std": 0.7}}})
+    emb = embeddings(spec)
+    q, p = emb.moments()
+    got = np.mean([[m.mean() for m in pair_moments(emb.forward(B, np.random.default_rng([3, s]), np.dtype("float64")))]
+                   for s in range(SEEDS)], axis=0)
+    assert abs(got[0] - q) <= TOL * q and abs(got[1] - p) <= TOL * q
+    torch, module = _module(emb)
+    vals = []
+    for s in range(SEEDS):
+        torch.manual_seed(s)
+        m = type(module)(emb, D).double().train()
+        ids = torch.as_tensor(np.random.default_rng(s).integers(0, 50, size=(B, T)))
+        vals.append([v.mean() for v in pair_moments(m(ids).detach().numpy())])
+    tq, tp = np.mean(vals, axis=0)
+    assert abs(tq - q) <= TOL * q  # uniform ids in torch here: only q is comparable (p depends on the token law)
