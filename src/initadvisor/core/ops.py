@@ -24,7 +24,6 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from scipy.special import erf
 
 from initadvisor.core import attention as att
 from initadvisor.core import causal as cz
@@ -701,6 +700,12 @@ class MLP:
                "linear": lambda x: x}[GATED.get(self.P.activation, self.P.activation)]
         a = act(m.ff_in(u))
         return m.ff_out(a * m.ff_up(u) if hasattr(m, "ff_up") else a)
+
+
+def erf(x):
+    from scipy.special import erf  # imported on use: `check` never needs it
+
+    return erf(x)
 
 
 def activation(name: str, z: np.ndarray) -> np.ndarray:
