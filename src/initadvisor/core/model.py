@@ -27,15 +27,24 @@ class Stack:
     @cached_property
     def blocks(self) -> list[tuple]:
         """Each layer's operations (`ops.block`), built once; a layer repeated by identity shares them."""
-        built: dict[int, tuple] = {}
-        return [built.setdefault(id(P), block(P)) for P in self.layers]
+        return _once(self.layers, block)
 
     def replace(self, **fields) -> "Stack":
         """The same stack with BlockParams fields replaced at every layer (numpy arrays allowed: a grid)."""
         if not fields:
             return self
-        built: dict[int, BlockParams] = {}
-        return Stack(self.embeddings, tuple(built.setdefault(id(P), replace(P, **fields)) for P in self.layers))
+        return Stack(self.embeddings, tuple(_once(self.layers, lambda P: replace(P, **fields))))
+
+
+def _once(layers, f) -> list:
+    """[f(P) for P in layers], computed once per distinct (by identity) P: a repeated layer shares the result."""
+    done: dict[int, object] = {}
+    out = []
+    for P in layers:
+        if id(P) not in done:
+            done[id(P)] = f(P)
+        out.append(done[id(P)])
+    return out
 
 
 @dataclass

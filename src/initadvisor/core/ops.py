@@ -163,8 +163,17 @@ def walk(ops, caches):
 
 
 def find(ops, caches, kind):
-    """The cache of the first operation of type `kind` in one run of a block."""
-    return next((c for op, c in walk(ops, caches) if isinstance(op, kind)), None)
+    """The cache of the first operation of type `kind` in one run of a block (`walk`'s order, without its
+    generators: the engine asks once per layer)."""
+    for op, c in zip(ops, caches):
+        if isinstance(op, kind):
+            return c
+        if isinstance(op, Residual):
+            for sub, sc in zip((op.shared, *(branch for _, branch in op.branches)), (c[0], *c[1])):
+                found = find(sub, sc, kind)
+                if found is not None:
+                    return found
+    return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -319,7 +328,7 @@ class Residual:
     shared: tuple = ()
 
     def moments(self, q, p):
-        qs, ps, cs = moments_forward(self.shared, q, p)
+        qs, ps, cs = moments_forward(self.shared, q, p) if self.shared else (q, p, [])
         qo, po, caches = q, p, []
         for i, (b, ops) in enumerate(self.branches):
             qf, pf, c = moments_forward(ops, qs, ps)
@@ -336,7 +345,8 @@ class Residual:
         for (b, ops), c in zip(self.branches, caches):
             bq, bp = moments_backward(ops, b**2 * gq, b**2 * gp, c)
             sq, sp = (bq, bp) if sq is None else (sq + bq, sp + bp)
-        sq, sp = moments_backward(self.shared, sq, sp, cs)
+        if self.shared:
+            sq, sp = moments_backward(self.shared, sq, sp, cs)
         return self.skip**2 * gq + sq, self.skip**2 * gp + sp
 
     def causal(self, G, S):
