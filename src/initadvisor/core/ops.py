@@ -499,8 +499,7 @@ class Attention:
             out += g_v * U + b_v2
             diag += g_v * tot / (m * m) + b_v2
         out[G.single, G.single] = 0.0
-        g_o, b_o2 = float(P.g_o), float(P.b_o2)
-        O = cz.State(g_o * diag + b_o2, g_o * out + b_o2)
+        O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
         return O, cz.AttentionRows(y2, bc, O.qf)
 
     def draws(self):
@@ -654,14 +653,12 @@ class MLP:
 
     def causal(self, G, S):
         P = self.P
-        g, b = float(P.g_1), float(P.b_12)
-        C1 = cz.State(g * S.qf + b, g * S.P + b)
+        C1 = cz.State(*linear(S.qf, S.P, float(P.g_1), float(P.b_12)))
         kd = cz.self_kernel(P.activation, C1.qf)
         ko = cz.cross_kernel(P.activation, cz.gmean(G, C1.qf), C1.P)
         if P.activation in GATED:
             kd, ko = kd * C1.qf, ko * C1.P
-        g, b = float(P.g_2), float(P.b_22)
-        return cz.State(g * kd + b, g * ko + b), None
+        return cz.State(*linear(kd, ko, float(P.g_2), float(P.b_22))), None
 
     def draws(self):
         """W1 (W_up when gated) and W2 with the matrices, biases in phase 1, the gate's pair in phase 2."""
