@@ -19,8 +19,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from typer.testing import CliRunner
-
 ROOT = Path(__file__).resolve().parents[1]
 
 BASE = {"model": {"layers": 3, "d_model": 32, "heads": 4, "d_ff": 64}, "sequence": {"length": 24, "vocab": 97}}
@@ -62,23 +60,32 @@ def variants() -> list[tuple[str, dict]]:
     return out
 
 
-def _run(runner: CliRunner, app, args: list[str]):
-    r = runner.invoke(app, args)
+def _run(args: list[str]):
+    """One command in-process: its JSON, or the exit code and the end of its output."""
+    import contextlib
+    import io
+
+    from initadvisor.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(args)
+        except SystemExit as e:
+            code = e.code
     try:
-        return json.loads(r.stdout)
+        return json.loads(out.getvalue())
     except ValueError:
-        return {"exit": r.exit_code, "stdout": r.stdout[-300:]}
+        return {"exit": code, "stdout": (out.getvalue() + err.getvalue())[-300:]}
 
 
 def dump(path: str) -> None:
     import numpy as np
     import yaml
 
-    from initadvisor.cli import app
     from initadvisor.spec import load_spec
     from initadvisor.stack import run_causal
 
-    runner = CliRunner()
     files = sorted((ROOT / "model_specs").glob("*.yaml")) + sorted((ROOT / "tests/fuzz/ok").glob("*.yaml"))
     files += sorted((ROOT / "tests/data/hf").glob("*/config.json"))
     tmp = Path(tempfile.gettempdir()) / "initadvisor-snapshot"
@@ -92,18 +99,18 @@ def dump(path: str) -> None:
     out: dict = {}
     for f in files:
         key = f.stem if f.suffix == ".yaml" else f.parent.name
-        rec = {"check": _run(runner, app, ["check", str(f), "--format", "json"]),
-               "recommend": _run(runner, app, ["recommend", str(f), "--format", "json"])}
+        rec = {"check": _run(["check", str(f), "--format", "json"]),
+               "recommend": _run(["recommend", str(f), "--format", "json"])}
         if f in small or f.parent.name == "model_specs":
-            rec["diagram"] = _run(runner, app, ["diagram", str(f), "--grid", "6", "--format", "json"])
-            rec["diagram_alpha"] = _run(runner, app, ["diagram", str(f), "--x", "alpha_sa", "--y", "depth",
+            rec["diagram"] = _run(["diagram", str(f), "--grid", "6", "--format", "json"])
+            rec["diagram_alpha"] = _run(["diagram", str(f), "--x", "alpha_sa", "--y", "depth",
                                                       "--grid", "5", "--format", "json"])
         if f in small:
-            rec["verify"] = _run(runner, app, ["verify", str(f), "--seeds", "2", "--format", "json"])
+            rec["verify"] = _run(["verify", str(f), "--seeds", "2", "--format", "json"])
             try:
                 import torch  # noqa: F401
 
-                rec["verify_torch"] = _run(runner, app, ["verify", str(f), "--seeds", "2", "--backend", "torch",
+                rec["verify_torch"] = _run(["verify", str(f), "--seeds", "2", "--backend", "torch",
                                                          "--format", "json"])
             except ImportError:
                 pass

@@ -1,50 +1,81 @@
-"""Command-line interface. Exit codes: 0 gate passes, 1 gate fails, 2 bad input or usage."""
+"""Command-line interface, thin over `initadvisor.api`. Exit codes: 0 gate passes, 1 gate fails, 2 bad input or
+usage (one line on stderr), 3 a defect (one line; INITADVISOR_DEBUG=1 shows the traceback).
+
+The parser is the standard library's argparse: it costs nothing to import, so `check` starts as fast as
+numpy allows. Each command is a handler plus its declared arguments (`command`); `main` dispatches on the
+first word and parses the rest with `parse_intermixed_args` (options may come between spec paths)."""
 
 from __future__ import annotations
 
-import json
+import argparse
+import math
 import sys
-from enum import Enum
+from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
 
-import typer
+from initadvisor.errors import InitAdvisorError, UsageError, one_line
 
-from initadvisor.files import FIGURES, check_output, write_output
-from initadvisor.spec import SpecError, one_line
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Predict rank collapse, entropy collapse and gradient growth of a transformer at "
-                       "initialisation, and recommend an init.")
+COMMANDS: dict[str, tuple[tuple, Callable]] = {}
+PROG = "initadvisor"
+ABOUT = ("Predict rank collapse, entropy collapse and gradient growth of a transformer at initialisation, "
+         "and recommend an init.")
 
 
-@app.callback()
-def _root() -> None:
-    """initadvisor: signal propagation at initialisation for transformers."""
+def command(name: str, *arguments: tuple):
+    """Register `fn` as command `name`; its docstring's first line is the command's help."""
+    def register(fn: Callable) -> Callable:
+        COMMANDS[name] = (arguments, fn)
+        return fn
+    return register
 
 
-class CheckFormat(str, Enum):
-    table = "table"
-    json = "json"
+def arg(*names: str, **kw) -> tuple:
+    return names, kw
 
 
-class GateFormat(str, Enum):
-    table = "table"
-    json = "json"
-    sarif = "sarif"
-    github = "github"
-    junit = "junit"
-    markdown = "markdown"
+def bounded(kind: type, lo: float | None = None, hi: float | None = None) -> Callable[[str], float]:
+    """An argparse type: an int or a finite float within [lo, hi]."""
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}")
+        if kind is float and not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+        if lo is not None and v < lo or hi is not None and v > hi:
+            raise argparse.ArgumentTypeError(f"must be in [{lo:g}, {hi:g}], got {text}" if hi is not None
+                                             else f"must be at least {lo:g}, got {text}")
+        return v
+    parse.__name__ = kind.__name__
+    return parse
 
 
-class FailOn(str, Enum):
-    error = "error"
-    warning = "warning"
-    never = "never"
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise UsageError(one_line(message), self.prog.rpartition(" ")[2])
 
 
-def is_hf_config(path: Path) -> bool:
-    return path.suffix == ".json" or (path.is_dir() and (path / "config.json").is_file())
+def parser(name: str) -> Parser:
+    arguments, fn = COMMANDS[name]
+    p = Parser(prog=f"{PROG} {name}", description=fn.__doc__, allow_abbrev=False,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
+    for names, kw in arguments:
+        p.add_argument(*names, **kw)
+    return p
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"usage: {PROG} COMMAND [ARGS]...", "", ABOUT, "", "commands:"]
+    lines += [f"  {n:<{width}}  {fn.__doc__.splitlines()[0]}" for n, (_, fn) in COMMANDS.items()]
+    return "\n".join(lines + ["", f"`{PROG} COMMAND --help` for a command's options."]) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------
+# shared options and output
+
+SEQ_LEN = arg("--seq-len", type=bounded(int), help="Override sequence.length.")
+SPEC = arg("spec", type=Path, help="YAML model spec (or HuggingFace config.json).")
 
 
 def project_config() -> dict:
@@ -53,317 +84,191 @@ def project_config() -> dict:
     return load_project()
 
 
-def load(path: Path, seq_len: int | None = None, input_correlation: float | None = None,
-         dropout: float | None = None, project: dict | None = None):
-    """(spec, notes) from a YAML spec or a HuggingFace config.json, with command-line overrides applied."""
-    from dataclasses import replace
+def output_path(path: Path | None, option: str, figures: bool = False) -> None:
+    """Refuse an output file that cannot be written, before any work."""
+    if path is not None:
+        from initadvisor.files import FIGURES, check_output
 
-    notes: list[str] = []
-    check_seq_len(seq_len)
-    project = project_config() if project is None else project
-    if is_hf_config(path):
-        from initadvisor.hf import import_config
-
-        spec, notes = import_config(path, seq_len)
-        spec = replace(spec, thresholds={**spec.thresholds, **project.get("thresholds", {})},
-                       select=tuple(project.get("select", ())), ignore=tuple(project.get("ignore", ())))
-    else:
-        from initadvisor.spec import load_spec
-
-        spec = load_spec(path, project)
-    try:
-        return spec.with_overrides(seq_len=seq_len, input_correlation=input_correlation, dropout=dropout), notes
-    except SpecError as e:
-        raise SpecError(e.message, "command line", None, {"sequence.length": "--seq-len", "dropout": "--dropout",
-                        "sequence.input_correlation": "--input-correlation"}.get(e.key or "", e.key)) from None
+        check_output(path, option, FIGURES if figures else ())
 
 
-def check_seq_len(seq_len: int | None) -> None:
-    """--seq-len within the spec's own range, named as the option (not as the file's key)."""
-    from initadvisor.spec import MAX_INT
-
-    top = MAX_INT["sequence.length"]
-    if seq_len is not None and not 2 <= seq_len <= top:
-        raise SpecError(f"must be in [2, {top}], got {seq_len}", "command line", None, "--seq-len")
-
-
-def emit_json(obj) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, allow_nan=False) + "\n")
-
-
-def emit(obj, as_json: bool, render) -> None:
-    """JSON on stdout, or the rich rendering `render(obj, console)`."""
-    if as_json:
-        emit_json(obj)
+def emit(report, fmt: str, render: Callable | None = None) -> None:
+    """A report on stdout: its JSON (`--format json`), or the rich rendering `render(data, console)`."""
+    if fmt == "json":
+        sys.stdout.write(report.to_json() + "\n")
         return
     from rich.console import Console
 
-    render(obj, Console())
+    render(report.data, Console())
 
 
-def codes(text: str | None) -> tuple[str, ...] | None:
-    """A comma-separated --select/--ignore list, validated."""
-    if text is None:
-        return None
-    from initadvisor.spec import check_codes
-
-    items = [c.strip().upper() for c in text.split(",") if c.strip()]
-    why = check_codes(items)
-    if why:
-        raise SpecError(why, "command line", None, "--select/--ignore")
-    return tuple(items)
+# ---------------------------------------------------------------------------------------------------
+# commands
 
 
-@app.command()
-def check(
-    specs: list[Path] = typer.Argument(..., help="YAML model specs (or HuggingFace config.json files)."),
-    format: GateFormat = typer.Option(GateFormat.table, "--format",
-                                      help="table, json, sarif, github (annotations), junit or markdown."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Override sequence.length."),
-    input_correlation: Optional[float] = typer.Option(None, "--input-correlation",
-                                                      help="Override sequence.input_correlation."),
-    dropout: Optional[float] = typer.Option(None, "--dropout", help="Override dropout."),
-    fail_on: Optional[FailOn] = typer.Option(None, "--fail-on",
-                                             help="Findings that fail the gate [error, or pyproject's fail-on]."),
-    select: Optional[str] = typer.Option(None, "--select", help="Only these rule codes/prefixes, e.g. IA1,IA201."),
-    ignore: Optional[str] = typer.Option(None, "--ignore", help="Drop these rule codes/prefixes, e.g. IA304."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Save rho, q and gradient profiles (PNG/SVG)."),
-) -> None:
+@command("check",
+         arg("specs", nargs="+", type=Path, metavar="SPEC", help="YAML model specs (or HuggingFace config.json)."),
+         arg("--format", default="table", choices=["table", "json", "sarif", "github", "junit", "markdown"],
+             help="table, json, sarif, github (annotations), junit or markdown [table]."),
+         SEQ_LEN,
+         arg("--input-correlation", type=bounded(float), help="Override sequence.input_correlation."),
+         arg("--dropout", type=bounded(float), help="Override dropout."),
+         arg("--fail-on", choices=["error", "warning", "never"],
+             help="Findings that fail the gate [error, or pyproject's fail-on]."),
+         arg("--select", help="Only these rule codes/prefixes, e.g. IA1,IA201."),
+         arg("--ignore", help="Drop these rule codes/prefixes, e.g. IA304."),
+         arg("--plot", type=Path, help="Save rho, q and gradient profiles (PNG/SVG)."))
+def check(a) -> int:
     """Predict signal propagation layer by layer and gate on the findings (several specs: one exit code)."""
-    from initadvisor.diagnose import check as run_check
+    from initadvisor import api
 
     project = project_config()
-    gate = fail_on.value if fail_on is not None else (project.get("fail_on") or "error")
-    chosen, ignored = codes(select), codes(ignore)
-    if plot is not None:
-        check_output(plot, "--plot", FIGURES)
-    reports = []
-    for path in specs:
-        s, notes = load(path, seq_len, input_correlation, dropout, project)
-        report = run_check(s, gate, chosen, ignored)
-        report["notes"] = notes + report["notes"]
-        reports.append((str(path), report, s))
-    if plot is not None:
+    gate = a.fail_on or project.get("fail_on") or "error"
+    chosen, ignored = api.check_codes(a.select), api.check_codes(a.ignore)
+    output_path(a.plot, "--plot", figures=True)
+    reports = [(str(path), api.check(path, fail_on=gate, select=chosen, ignore=ignored, seq_len=a.seq_len,
+                                     input_correlation=a.input_correlation, dropout=a.dropout, project=project))
+               for path in a.specs]
+    if a.plot is not None:
         from initadvisor.plots import save_profiles
 
-        save_profiles(reports[0][1], plot)
-    failed = any(r["verdict"] == "fail" for _, r, _ in reports)
-    emit_check(reports, format, gate)
-    raise typer.Exit(1 if failed else 0)
+        save_profiles(reports[0][1].data, a.plot)
+    emit_check(reports, a.format, gate)
+    return 1 if any(not r.passed for _, r in reports) else 0
 
 
-def emit_check(reports: list, format: "GateFormat", gate: str) -> None:
-    """reports: (path, report, spec) triples."""
-    from initadvisor import formats
+def emit_check(reports: list, fmt: str, gate: str) -> None:
+    """reports: (path, CheckReport) pairs, in any of check's formats."""
+    if fmt == "json" and len(reports) == 1:
+        sys.stdout.write(reports[0][1].to_json() + "\n")
+    elif fmt != "table":
+        import json
 
-    if format is GateFormat.json:
-        if len(reports) == 1:
-            emit_json(reports[0][1])
-        else:
-            emit_json({"schema": "initadvisor.checks/1", "version": reports[0][1]["version"],
-                       "verdict": "fail" if any(r["verdict"] == "fail" for _, r, _ in reports) else "pass",
-                       "reports": [r for _, r, _ in reports]})
-    elif format is GateFormat.sarif:
-        emit_json(formats.to_sarif(reports))
-    elif format is GateFormat.github:
-        sys.stdout.write(formats.to_github(reports))
-    elif format is GateFormat.junit:
-        sys.stdout.write(formats.to_junit(reports, gate))
-    elif format is GateFormat.markdown:
-        sys.stdout.write(formats.to_markdown(reports))
+        from initadvisor import formats
+
+        entries = [(path, r.data, r.spec) for path, r in reports]
+        text = {"json": lambda: formats.checks(entries), "sarif": lambda: formats.to_sarif(entries),
+                "github": lambda: formats.to_github(entries), "junit": lambda: formats.to_junit(entries, gate),
+                "markdown": lambda: formats.to_markdown(entries)}[fmt]()
+        sys.stdout.write(text if isinstance(text, str) else json.dumps(text, indent=2, allow_nan=False) + "\n")
     else:
         from rich.console import Console
 
         from initadvisor.report import render_check, render_summary
 
         console = Console()
-        for _, report, _ in reports:
-            render_check(report, console)
+        for _, r in reports:
+            render_check(r.data, console)
         if len(reports) > 1:
-            render_summary([(p, r) for p, r, _ in reports], console)
+            render_summary([(p, r.data) for p, r in reports], console)
 
 
-class RecommendFormat(str, Enum):
-    table = "table"
-    json = "json"
-    yaml = "yaml"
-
-
-def spec_yaml(spec_dict: dict, header: str) -> str:
-    import yaml
-
-    return header + yaml.safe_dump(spec_dict, sort_keys=False, default_flow_style=False, width=100)
-
-
-@app.command()
-def recommend(
-    spec: Path = typer.Argument(..., help="YAML model spec (or HuggingFace config.json)."),
-    format: RecommendFormat = typer.Option(RecommendFormat.table, "--format",
-                                           help="table, json, or yaml (the patched spec)."),
-    rho_max: float = typer.Option(0.99, "--rho-max", min=0.0, max=1.0, help="Collapse threshold for alpha_c."),
-    k: float = typer.Option(2.0, "--k", min=0.0, help="DeepScaleLM's k (beta^2 = k/N)."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Override sequence.length."),
-    alpha_mlp: bool = typer.Option(False, "--alpha-mlp", help="Also solve alpha_c for the MLP skip."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write the patched spec (YAML) to this file."),
-) -> None:
+@command("recommend",
+         SPEC,
+         arg("--format", default="table", choices=["table", "json", "yaml"],
+             help="table, json, or yaml (the patched spec) [table]."),
+         arg("--rho-max", type=bounded(float, 0.0, 1.0), default=0.99, help="Collapse threshold for alpha_c [0.99]."),
+         arg("--k", type=bounded(float, 0.0), default=2.0, help="DeepScaleLM's k (beta^2 = k/N) [2]."),
+         SEQ_LEN,
+         arg("--alpha-mlp", action="store_true", help="Also solve alpha_c for the MLP skip."),
+         arg("--out", type=Path, help="Write the patched spec (YAML) to this file."))
+def recommend(a) -> int:
     """Solve for beta_c, alpha_c, tau and DeepScaleLM's variances; compare init recipes; patch the spec."""
-    from initadvisor.recommend import recommend as run
+    from initadvisor import api
 
-    if out is not None:
-        check_output(out, "--out")
-    s, notes = load(spec, seq_len)
-    if not 1e-6 <= k <= 1e6:
-        raise SpecError(f"must be in [1e-6, 1e6], got {k}", "command line", None, "--k")
-    rep = run(s, rho_max=rho_max, k=k, alpha_mlp=alpha_mlp)
-    rep["notes"] = notes
-    patched = spec_yaml(rep["patched_spec"], f"# initadvisor recommend: {rep['patched_recipe']} recipe applied "
-                                             f"to {spec}\n")
-    if out is not None:
-        write_output(out, patched, "--out")
-    if format is RecommendFormat.yaml:
+    output_path(a.out, "--out")
+    rep = api.recommend(a.spec, rho_max=a.rho_max, k=a.k, alpha_mlp=a.alpha_mlp, seq_len=a.seq_len)
+    patched = rep.patched_yaml(f"# initadvisor recommend: {rep.patched_recipe} recipe applied to {a.spec}\n")
+    if a.out is not None:
+        from initadvisor.files import write_output
+
+        write_output(a.out, patched, "--out")
+    if a.format == "yaml":
         sys.stdout.write(patched)
     else:
         from initadvisor.report import render_recommend
 
-        emit(rep, format is RecommendFormat.json, render_recommend)
+        emit(rep, a.format, render_recommend)
+    return 0
 
 
-class Backend(str, Enum):
-    numpy = "numpy"
-    torch = "torch"
-
-
-@app.command()
-def verify(
-    spec: Path = typer.Argument(..., help="YAML model spec (or HuggingFace config.json)."),
-    backend: Backend = typer.Option(Backend.numpy, "--backend", help="numpy, or torch (needs PyTorch)."),
-    device: str = typer.Option("cpu", "--device", help="Torch device, e.g. cuda (torch backend)."),
-    seeds: int = typer.Option(8, "--seeds", min=1, max=1000,
-                              help="Independent initialisations (the unit of the standard errors)."),
-    batch: int = typer.Option(1, "--batch", min=1, max=1000, help="Random sequences per initialisation."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Override sequence.length."),
-    tol: float = typer.Option(0.05, "--tol", min=0.0, max=2.0, help="Allowed |rho error| per layer."),
-    rtol: float = typer.Option(0.15, "--rtol", min=0.0, max=100.0,
-                               help="Allowed relative error of q and grad_q per layer."),
-    format: CheckFormat = typer.Option(CheckFormat.table, "--format", help="Output format."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Save theory vs measurement as PNG/SVG (matplotlib)."),
-) -> None:
+@command("verify",
+         SPEC,
+         arg("--backend", default="numpy", choices=["numpy", "torch"], help="numpy, or torch (needs PyTorch)."),
+         arg("--device", default="cpu", help="Torch device, e.g. cuda (torch backend) [cpu]."),
+         arg("--seeds", type=bounded(int, 1, 1000), default=8,
+             help="Independent initialisations (the unit of the standard errors) [8]."),
+         arg("--batch", type=bounded(int, 1, 1000), default=1, help="Random sequences per initialisation [1]."),
+         SEQ_LEN,
+         arg("--tol", type=bounded(float, 0.0, 2.0), default=0.05, help="Allowed |rho error| per layer [0.05]."),
+         arg("--rtol", type=bounded(float, 0.0, 100.0), default=0.15,
+             help="Allowed relative error of q and grad_q per layer [0.15]."),
+         arg("--format", default="table", choices=["table", "json"], help="Output format [table]."),
+         arg("--plot", type=Path, help="Save theory vs measurement as PNG/SVG (matplotlib)."))
+def verify(a) -> int:
     """Build the actual random network, measure it, and compare with the theory layer by layer."""
-    import time
+    from initadvisor import api
 
-    from initadvisor.core.model import propagate
-    from initadvisor.stack import from_spec
-    from initadvisor.verify import compare
-
-    if plot is not None:
-        check_output(plot, "--plot", FIGURES)
-    s, notes = load(spec, seq_len)
-    from initadvisor.simulate import check_memory
-
-    check_memory(s, batch, 4, tables=backend is Backend.torch)  # float32 on either backend: refuse before allocating
-    t0 = time.perf_counter()
-    if backend is Backend.torch:
-        per_seed = measure_torch(spec, s, seeds, batch, device)["per_seed"]
-    else:
-        import numpy as np
-
-        from initadvisor.simulate import simulate
-
-        per_seed = [simulate(s, seeds=1, batch=batch, rng_seed=k, dtype=np.float32, weight_grads=False)
-                    for k in range(seeds)]
-    from initadvisor.diagnose import causal_trace
-    from initadvisor.verify import pool_seeds
-
-    net = from_spec(s)
-    ct = causal_trace(net)  # causal models: compare with the position-resolved averages over all tokens
-    resolved = None if ct is None else {"rho": ct.rho_mean, "q": ct.q.mean(axis=1), "ipr": ct.y2.mean(axis=1)}
-    # standard errors over seeds: the sequences of one initialisation share its weights (see pool_seeds)
-    rep = compare(s, propagate(net), pool_seeds(per_seed), tol=tol, rtol=rtol, theory=resolved)
-    rep["measurement"] = {"backend": backend.value, "seeds": seeds, "batch": batch,
-                          "seconds": round(time.perf_counter() - t0, 2)}
-    rep["notes"] = notes
-    if plot is not None:
+    output_path(a.plot, "--plot", figures=True)
+    rep = api.verify(a.spec, backend=a.backend, device=a.device, seeds=a.seeds, batch=a.batch,
+                     seq_len=a.seq_len, tol=a.tol, rtol=a.rtol)
+    if a.plot is not None:
         from initadvisor.plots import save_verify
 
-        save_verify(rep, plot)
+        save_verify(rep.data, a.plot)
     from initadvisor.verify import render_verify
 
-    emit(rep, format is CheckFormat.json, render_verify)
-    raise typer.Exit(0 if rep["verdict"] == "pass" else 1)
+    emit(rep, a.format, render_verify)
+    return 0 if rep.passed else 1
 
 
-def measure_torch(path: Path, spec, seeds: int, batch: int, device: str):
-    """The torch measurement: the real HuggingFace model for a config.json, else the spec's network in torch."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise SpecError("the torch backend needs PyTorch: pip install 'initadvisor[torch]'", "command line", None,
-                        "--backend") from None
-    from initadvisor import torch as it
-
-    if is_hf_config(path):
-        try:
-            import transformers  # noqa: F401
-        except ImportError:
-            raise SpecError("measuring a HuggingFace model needs transformers: pip install 'initadvisor[hf]'",
-                            "command line", None, "--backend") from None
-        return it.measure_hf_config(path, spec, seeds=seeds, batch=batch, device=device)
-    return it.measure_spec(spec, seeds=seeds, batch=batch, device=device)
+AXES = ["beta", "alpha_sa", "alpha_mlp", "depth", "seq_len"]
 
 
-class Axis(str, Enum):
-    beta = "beta"
-    alpha_sa = "alpha_sa"
-    alpha_mlp = "alpha_mlp"
-    depth = "depth"
-    seq_len = "seq_len"
-
-
-@app.command()
-def diagram(
-    spec: Path = typer.Argument(..., help="YAML model spec (or HuggingFace config.json)."),
-    x: Axis = typer.Option(Axis.beta, "--x", help="Horizontal axis."),
-    y: Axis = typer.Option(Axis.alpha_sa, "--y", help="Vertical axis."),
-    grid: int = typer.Option(64, "--grid", help="N x N points."),
-    x_range: Optional[tuple[float, float]] = typer.Option(None, "--x-range", help="A B: x from A to B."),
-    y_range: Optional[tuple[float, float]] = typer.Option(None, "--y-range", help="A B: y from A to B."),
-    format: CheckFormat = typer.Option(CheckFormat.table, "--format", help="table (a coloured grid) or json."),
-    png: Optional[Path] = typer.Option(None, "--png", help="Save the diagram as PNG (matplotlib)."),
-    svg: Optional[Path] = typer.Option(None, "--svg", help="Save the diagram as SVG (matplotlib)."),
-) -> None:
+@command("diagram",
+         SPEC,
+         arg("--x", default="beta", choices=AXES, help="Horizontal axis [beta]."),
+         arg("--y", default="alpha_sa", choices=AXES, help="Vertical axis [alpha_sa]."),
+         arg("--grid", type=bounded(int), default=64, help="N x N points [64]."),
+         arg("--x-range", type=bounded(float), nargs=2, metavar=("A", "B"), help="x from A to B."),
+         arg("--y-range", type=bounded(float), nargs=2, metavar=("A", "B"), help="y from A to B."),
+         arg("--format", default="table", choices=["table", "json"], help="table (a coloured grid) or json."),
+         arg("--png", type=Path, help="Save the diagram as PNG (matplotlib)."),
+         arg("--svg", type=Path, help="Save the diagram as SVG (matplotlib)."))
+def diagram(a) -> int:
     """Trainability diagram (001 Fig. 1c): rank collapse, entropy collapse or trainable over a grid."""
-    from initadvisor.diagram import diagram as run, render_diagram
+    from initadvisor import api
+    from initadvisor.diagram import render_diagram
 
-    for path, option in ((png, "--png"), (svg, "--svg")):
-        if path is not None:
-            check_output(path, option, FIGURES)
-    s, _ = load(spec)
-    res = run(s, x=x.value, y=y.value, grid=grid, x_range=x_range, y_range=y_range)
-    for path in (png, svg):
+    output_path(a.png, "--png", figures=True)
+    output_path(a.svg, "--svg", figures=True)
+    res = api.diagram(a.spec, x=a.x, y=a.y, grid=a.grid, x_range=a.x_range and tuple(a.x_range),
+                      y_range=a.y_range and tuple(a.y_range))
+    for path in (a.png, a.svg):
         if path is not None:
             from initadvisor.plots import save_diagram
 
-            save_diagram(res, path)
-    emit(res, format is CheckFormat.json, render_diagram)
+            save_diagram(res.data, path)
+    emit(res, a.format, render_diagram)
+    return 0
 
 
-@app.command()
-def plot(
-    spec: Path = typer.Argument(..., help="YAML model spec (or HuggingFace config.json)."),
-    png: Path = typer.Option(..., "--png", help="Output file (PNG, or SVG/PDF by suffix)."),
-) -> None:
+@command("plot",
+         SPEC,
+         arg("--png", type=Path, required=True, help="Output file (PNG, or SVG/PDF by suffix)."))
+def plot(a) -> int:
     """Per-layer rho, beta/beta_c, q and gradient profiles as a picture (matplotlib)."""
-    from initadvisor.diagnose import check as run_check
+    from initadvisor import api
     from initadvisor.plots import save_profiles
 
-    check_output(png, "--png", FIGURES)
-    s, _ = load(spec)
-    save_profiles(run_check(s), png)
-    sys.stdout.write(f"wrote {png}\n")
+    output_path(a.png, "--png", figures=True)
+    save_profiles(api.check(a.spec).data, a.png)
+    sys.stdout.write(f"wrote {a.png}\n")
+    return 0
 
 
-@app.command()
-def rules() -> None:
+@command("rules")
+def rules(a) -> int:
     """List every rule: code, severity, name, when it fires and its threshold."""
     from rich.console import Console
     from rich.table import Table
@@ -376,28 +281,48 @@ def rules() -> None:
     for row in rules_table():
         t.add_row(*row)
     Console().print(t)
+    return 0
 
 
-@app.command()
-def explain(code: str = typer.Argument(..., help="A rule code (IA101) or name (rank-collapse).")) -> None:
+@command("explain", arg("code", help="A rule code (IA101) or name (rank-collapse)."))
+def explain(a) -> int:
     """Print one rule: what it means, formula, paper, threshold, fix, and a failing and a fixed example."""
     from initadvisor.formats import rule_text
 
-    sys.stdout.write(rule_text(code))
+    sys.stdout.write(rule_text(a.code))
+    return 0
 
 
-@app.command("import")
-def import_(
-    config: Path = typer.Argument(..., help="HuggingFace config.json (or a folder holding one)."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Sequence length [max_position_embeddings]."),
-) -> None:
+@command("import",
+         arg("config", type=Path, help="HuggingFace config.json (or a folder holding one)."),
+         arg("--seq-len", type=bounded(int), help="Sequence length [max_position_embeddings]."))
+def import_(a) -> int:
     """Write the YAML spec equivalent to a HuggingFace config.json on stdout."""
-    from initadvisor.hf import import_config, read_hf_config, to_yaml
+    from initadvisor import api
+    from initadvisor.hf import read_hf_config, to_yaml
 
-    check_seq_len(seq_len)
-    import_config(config, seq_len)  # refuse here what `check` would refuse, naming the config field
-    data, notes = read_hf_config(config, seq_len)
-    sys.stdout.write(to_yaml(data, notes, source=str(config)))
+    api.load(a.config, seq_len=a.seq_len)  # refuse here what `check` would refuse, naming the config field
+    data, notes = read_hf_config(a.config, a.seq_len)
+    sys.stdout.write(to_yaml(data, notes, source=str(a.config)))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def run(argv: list[str]) -> int:
+    """Parse and run one command; returns its exit code."""
+    if not argv or argv[0] in ("-h", "--help"):
+        (sys.stdout if argv else sys.stderr).write(usage())
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        from initadvisor import __version__
+
+        sys.stdout.write(f"{PROG} {__version__}\n")
+        return 0
+    if argv[0] not in COMMANDS:
+        raise UsageError(f"no such command {argv[0]!r} (commands: {', '.join(COMMANDS)})")
+    return COMMANDS[argv[0]][1](parser(argv[0]).parse_intermixed_args(argv[1:]))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -407,20 +332,20 @@ def main(argv: list[str] | None = None) -> None:
 
     warnings.filterwarnings("ignore", category=RuntimeWarning)  # overflow in the engine: reports say so instead
     try:
-        code = typer.main.get_command(app).main(args=argv, prog_name="initadvisor", standalone_mode=False)
-    except SpecError as e:
-        _fail(str(e), 2)  # SpecError text is one printable line
-    except typer.Abort:
+        code = run(sys.argv[1:] if argv is None else list(argv))
+    except InitAdvisorError as e:
+        _fail(str(e), 2)  # one printable line
+    except KeyboardInterrupt:
         _fail("aborted", 130)
+    except SystemExit:  # --help
+        raise
     except Exception as e:  # noqa: BLE001
-        if callable(getattr(e, "format_message", None)):  # click's usage errors (typer may vendor click)
-            _fail(one_line(e.format_message()), 2)
         if os.environ.get("INITADVISOR_DEBUG"):  # a defect: still one line; the variable shows the traceback
             raise
         _fail(one_line(f"internal error, please report: {type(e).__name__}: {e}"), 3)
-    sys.exit(code or 0)
+    sys.exit(code)
 
 
 def _fail(message: str, code: int) -> None:
-    sys.stderr.write(f"initadvisor: error: {message}\n")
+    sys.stderr.write(f"{PROG}: error: {message}\n")
     sys.exit(code)

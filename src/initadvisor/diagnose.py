@@ -88,7 +88,7 @@ def causal_summary(spec, ct) -> dict | None:
     if ct is None:
         return None
     T = spec.seq_len
-    pos = sorted({int(m) for m in np.unique(np.round(np.geomspace(1, T, 12)))})
+    pos = sorted({int(m) for m in np.round(np.geomspace(1, T, 12))})
     out = {
         "rho_mean": [_f(x) for x in ct.rho_mean],
         "rho_early": [_f(x) for x in ct.rho_thirds[:, 0]],

@@ -48,7 +48,7 @@ import numpy as np
 from initadvisor.core.model import Stack, propagate
 from initadvisor.core.ops import Attention, find, moments_forward
 from initadvisor.numbers import clean, overflow_findings, show
-from initadvisor.spec import SpecError
+from initadvisor.errors import UsageError
 from initadvisor.stack import from_spec, spec_beta
 
 SCHEMA = "initadvisor.diagram/1"
@@ -78,8 +78,8 @@ AXES = {
 }
 
 
-def _err(message: str, option: str) -> SpecError:
-    return SpecError(message, "command line", None, option)
+def _err(message: str, option: str) -> UsageError:
+    return UsageError(message, option)
 
 
 # ---------------------------------------------------------------------------------------------

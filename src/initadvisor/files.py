@@ -6,7 +6,7 @@ import os
 import stat
 from pathlib import Path
 
-from initadvisor.spec import SpecError
+from initadvisor.errors import SpecError, UsageError
 
 FIGURES = (".png", ".svg", ".pdf")  # what matplotlib writes for --png, --svg, --plot
 
@@ -47,7 +47,7 @@ def write_output(path: str | Path, data: str | bytes, option: str) -> None:
     try:
         Path(path).write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
     except OSError as e:
-        raise SpecError(f"cannot write {path}: {e.strerror or e}", "command line", None, option) from None
+        raise UsageError(f"cannot write {path}: {e.strerror or e}", option) from None
 
 
 def check_output(path: str | Path, option: str, suffixes: tuple[str, ...] = ()) -> None:
@@ -65,4 +65,4 @@ def check_output(path: str | Path, option: str, suffixes: tuple[str, ...] = ()) 
     elif suffixes and p.suffix.lower() not in suffixes:
         why = f"{path}: unsupported file type {p.suffix or '(none)'!r} (expected {', '.join(suffixes)})"
     if why:
-        raise SpecError(why, "command line", None, option)
+        raise UsageError(why, option)

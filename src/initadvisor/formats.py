@@ -14,6 +14,7 @@ accepted too: its file is `report["file"]` if present, else the spec's name.
     to_github(entries)              GitHub Actions workflow commands, one line per finding
     to_junit(entries, fail_on)      JUnit XML: one testsuite per spec, one testcase per rule
     to_markdown(entries)            pull-request comment: a table of specs and the findings
+    checks(entries)                 the `initadvisor.checks/1` document of several specs (JSON)
     rule_text(code)                 the `initadvisor explain CODE` text, with the rule's examples
     rules_table()                   rows for `initadvisor rules`
     rules_markdown()                the README's rules table
@@ -315,6 +316,13 @@ VERDICT_MARK = {"pass": "✅ pass", "fail": "❌ fail"}
 SEVERITY_MARK = {"error": "🔴 error", "warning": "🟡 warning", "info": "🔵 info"}
 
 
+def checks(entries: Iterable[Entry]) -> dict:
+    """`initadvisor.checks/1`: several specs' check reports and their one verdict (`check --format json`)."""
+    reports = [report for _, report, _ in _entries(entries)]
+    return {"schema": "initadvisor.checks/1", "version": __version__,
+            "verdict": "fail" if any(r["verdict"] == "fail" for r in reports) else "pass", "reports": reports}
+
+
 def to_markdown(entries: Iterable[Entry]) -> str:
     """A pull-request comment: one row per spec, then every finding."""
     items = _entries(entries)
@@ -357,9 +365,9 @@ def find_rule(code: str) -> Rule:
     key = str(code).strip()
     r = RULES.get(key.upper()) or next((r for r in RULES.values() if r.name == key.lower()), None)
     if r is None:
-        from initadvisor.spec import SpecError
+        from initadvisor.errors import UsageError
 
-        raise SpecError(f"unknown rule {key!r} (known: {', '.join(RULES)})", "command line", None, "CODE")
+        raise UsageError(f"unknown rule {key!r} (known: {', '.join(RULES)})", "CODE")
     return r
 
 

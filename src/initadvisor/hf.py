@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,14 @@ def _top_level_key_lines(text: str) -> dict[str, int]:
     return out
 
 
-def _load_json(path: str | Path) -> tuple[dict[str, Any], str, str]:
+def _load_json(path: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str, str]:
+    """(data, text, file name) of a config.json, or of a config dict (its JSON text gives the line numbers)."""
+    if isinstance(path, Mapping):
+        try:
+            text = json.dumps(path, indent=2, allow_nan=False, default=str)
+        except (TypeError, ValueError) as e:
+            raise SpecError(f"not a JSON config: {e}", "<config>") from None
+        return json.loads(text), text, "<config>"
     path = Path(path)
     if path.is_dir():
         if (path / "config.json").is_file():

@@ -18,9 +18,9 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:  # without the `plot` extra: one line, exit 2
-        from initadvisor.spec import SpecError
+        from initadvisor.errors import MissingExtraError
 
-        raise SpecError("pictures need matplotlib: pip install 'initadvisor[plot]'", "command line") from None
+        raise MissingExtraError("pictures", "plot", "matplotlib") from None
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
@@ -38,7 +38,9 @@ def _save(plt, fig, path, dpi: int) -> None:
             warnings.simplefilter("ignore")
             fig.savefig(path, dpi=dpi)
     except (OSError, ValueError) as e:
-        raise SpecError(f"cannot write {path}: {e}", "command line") from None
+        from initadvisor.errors import UsageError
+
+        raise UsageError(f"cannot write {path}: {e}") from None
     finally:
         plt.close(fig)
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from initadvisor.errors import SpecError, one_line  # noqa: F401  (re-exported: the historical home)
+
 MATRICES = ("q", "k", "v", "o", "ff_in", "ff_out", "embedding")
 NORMS = ("post", "pre", "none")
 NORM_TYPES = ("layernorm", "rmsnorm")
@@ -22,21 +24,6 @@ MAX_NODES = 20_000  # YAML nodes visited at most: a spec is small, an alias bomb
 MAX_BYTES = 1 << 20  # a spec file is a few hundred bytes; refuse anything over 1 MiB before parsing it
 MAX_INT = {"model.layers": 100_000, "model.d_model": 1_000_000, "model.heads": 1_000_000,
            "model.kv_heads": 1_000_000, "model.d_ff": 10_000_000, "sequence.length": 10_000_000}
-
-
-class SpecError(ValueError):
-    """Bad input: one line naming file, line and key."""
-
-    def __init__(self, message: str, file: str | None = None, line: int | None = None, key: str | None = None):
-        self.file, self.line, self.key, self.message = file, line, key, message
-        where = f"{file}:{line}" if file and line else (file or "<spec>")
-        super().__init__(one_line(f"{where}: {key + ': ' if key else ''}{message}"))
-
-
-def one_line(text: str) -> str:
-    """Line breaks folded to spaces, other unprintable characters escaped: messages stay one terminal line."""
-    text = " ".join(text.splitlines())
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 @dataclass(frozen=True)
@@ -84,6 +71,7 @@ class Spec:
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     source: str | None = field(default=None, compare=False)
+    notes: tuple[str, ...] = field(default=(), compare=False)  # what an import could not model
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     @property

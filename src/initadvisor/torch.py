@@ -351,25 +351,32 @@ def measure_spec(spec, seeds: int = 3, batch: int = 2, device: str = "cpu") -> d
                    vocab=spec.vocab, device=device, attentions=False)
 
 
-def measure_hf_config(path, spec, seeds: int = 3, batch: int = 2, device: str = "cpu") -> dict[str, Any]:
-    """`verify --backend torch` on a config.json: the real HuggingFace model, randomly initialised."""
+def measure_hf_config(source, spec, seeds: int = 3, batch: int = 2, device: str = "cpu") -> dict[str, Any]:
+    """`verify --backend torch` on a HuggingFace config (a config.json path or folder, a dict or a
+    PretrainedConfig): the real model, randomly initialised."""
+    from collections.abc import Mapping
     from pathlib import Path
 
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoConfig, AutoModel, PretrainedConfig
 
     from initadvisor.spec import SpecError, one_line
-
-    file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
 
     def build() -> nn.Module:
         return AutoModel.from_config(config, attn_implementation="eager").to(device)
 
+    where = "<config>"
     try:  # transformers validates the config its own way: what it refuses is the input's fault, in one line
-        config = AutoConfig.from_pretrained(str(file))
+        if isinstance(source, PretrainedConfig):
+            config = source
+        elif isinstance(source, Mapping):
+            config = AutoConfig.for_model(**source)
+        else:
+            where = str(Path(source) / "config.json" if Path(source).is_dir() else Path(source))
+            config = AutoConfig.from_pretrained(where)
         build()
     except Exception as e:  # noqa: BLE001
         raise SpecError(one_line(f"transformers cannot build this model: {type(e).__name__}: {e}")[:300],
-                        str(file)) from None
+                        where) from None
     return measure(build, seq_len=spec.seq_len, batch=batch, seeds=seeds, device=device)
 
 
