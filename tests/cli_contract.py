@@ -26,8 +26,10 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jsonschema
 import yaml
 
+from initadvisor import schemas
 from initadvisor.rules import RULES
 from initadvisor.spec import ACTIVATIONS, ATTENTIONS, EMBEDDINGS, MATRICES, NORM_TYPES, NORMS, THRESHOLDS
 
@@ -468,14 +470,19 @@ def violations(case: Case, res: Result) -> list[tuple[str, str]]:
 
 
 def _parse_problems(cmd: str, fmt: str, out: str) -> list[tuple[str, str]]:
-    """Machine formats must parse: JSON (strict, no NaN), SARIF, JUnit XML."""
+    """Machine formats must parse: JSON (strict, no NaN, and valid against its shipped schema), SARIF, JUnit XML."""
     try:
         if fmt in ("json", "sarif"):
-            json.loads(out, parse_constant=lambda c: float("nan"))
+            doc = json.loads(out, parse_constant=lambda c: float("nan"))
+            if fmt == "json":
+                schemas.validate(doc)
         elif fmt == "junit":
             ET.fromstring(out)
     except (ValueError, ET.ParseError) as e:
         return [(f"{cmd} --format {fmt}: output does not parse", str(e)[:200])]
+    except jsonschema.ValidationError as e:
+        return [(f"{cmd} --format {fmt}: output breaks its JSON Schema at {'/'.join(map(str, e.absolute_path))}",
+                 e.message[:300])]
     return []
 
 
