@@ -16,7 +16,7 @@ import numpy as np
 
 from initadvisor.stack import run_spec
 from initadvisor.diagnose import check
-from initadvisor.diagram import diagram
+from initadvisor.phase_diagram import diagram
 from initadvisor.spec import Residual, load_spec
 
 from pathlib import Path

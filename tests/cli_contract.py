@@ -111,12 +111,17 @@ def valid_spec(r, max_layers: int = 2000, small: bool = False) -> dict:
     opt(model, "embedding_norm", lambda: r.choice([None, True, False]))
     if model.get("norm") == "pre":
         opt(model, "parallel_residual", lambda: r.coin())
+    opt(model, "final_norm", lambda: r.coin(), 0.3)
+    opt(model, "tie_embeddings", lambda: r.coin(), 0.4)
+    opt(model, "head_transform", lambda: r.coin(), 0.2)
+    opt(model, "logit_softcap", lambda: None if r.coin(0.2) else real(r, 1e-8, 999999.0, (1.0, 50.0)), 0.2)
     seq: dict = {}
     opt(seq, "length", lambda: max(2, int(r.real(2, 32 if small else 1e7, log=True))))
     opt(seq, "vocab", lambda: max(1, int(r.real(1, 1e9, log=True))))
     opt(seq, "input_correlation", lambda: "auto" if r.coin(0.3) else r.real(0.0, 0.999))
     opt(seq, "embeddings", lambda: [e for e in EMBEDDINGS if r.coin()] or [r.choice(EMBEDDINGS)])
     data: dict = {"model": model}
+    opt(data, "version", lambda: 1, 0.3)
     opt(data, "name", lambda: r.choice(NAMES), 0.3)
     if seq:
         data["sequence"] = seq
@@ -137,6 +142,10 @@ def valid_spec(r, max_layers: int = 2000, small: bool = False) -> dict:
         init[m] = e
     if use_beta:
         opt(init, "qk_beta", lambda: real(r, 1e-8, 999999.0, (0.01, 3.0)), 0.8)
+    if model.get("tie_embeddings") is False and r.coin(0.6):  # an untied head's own init
+        init["head"] = {"std": real(r, 1e-8, 999999.0, (0.005, 0.2))} if r.coin() else \
+            {"gain": real(r, 1e-8, 999999.0, (0.1, 4.0))}
+        opt(init["head"], "bias_std", lambda: real(r, 0, 999999.0, (0.0, 0.1)), 0.3)
     if init:
         data["init"] = init
     res: dict = {}

@@ -60,9 +60,11 @@ def expected(family: str) -> dict:
             vocab=c["vocab_size"], embeddings=("token", "position", "segment"), dropout=c["hidden_dropout_prob"],
             attention_dropout=c["attention_probs_dropout_prob"], std={m: c["initializer_range"] for m in MATRICES},
             softmax_scale=1 / math.sqrt(c["hidden_size"] // c["num_attention_heads"]),
+            final_norm=False, tie_embeddings=c["tie_word_embeddings"], head_transform=True,  # the MLM head
             used={"num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "hidden_act",
                   "is_decoder", "add_cross_attention", "max_position_embeddings", "vocab_size", "type_vocab_size",
-                  "hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range", "model_type"}
+                  "hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range", "model_type",
+                  "tie_word_embeddings"}
             | ({"pad_token_id"} if family == "roberta" else set())
             | ({"embedding_size"} if family == "electra" else set()),
         )
@@ -76,9 +78,10 @@ def expected(family: str) -> dict:
             dropout=c["resid_pdrop"], attention_dropout=c["attn_pdrop"],
             std={**{m: c["initializer_range"] for m in MATRICES}, "o": proj, "ff_out": proj},
             softmax_scale=1 / math.sqrt(d // c["n_head"]),
+            final_norm=True, tie_embeddings=c["tie_word_embeddings"], head_transform=False,  # ln_f, lm_head
             used={"n_layer", "n_embd", "n_head", "n_inner", "activation_function", "n_positions", "vocab_size",
                   "add_cross_attention", "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "initializer_range",
-                  "resid_pdrop", "embd_pdrop", "attn_pdrop", "model_type"},
+                  "resid_pdrop", "embd_pdrop", "attn_pdrop", "model_type", "tie_word_embeddings"},
         )
     base = dict(
         layers=c["num_hidden_layers"], d_model=c["hidden_size"], heads=c["num_attention_heads"],
@@ -87,16 +90,17 @@ def expected(family: str) -> dict:
         vocab=c["vocab_size"], embeddings=("token",), attention_dropout=c["attention_dropout"],
         std={m: c["initializer_range"] for m in MATRICES},
         softmax_scale=1 / math.sqrt(c["hidden_size"] // c["num_attention_heads"]),
+        final_norm=True, tie_embeddings=c["tie_word_embeddings"], head_transform=False,  # final norm, lm_head
     )
     if family == "gpt_neox":
         return dict(base, kv_heads=c["num_attention_heads"], activation="gelu", norm_type="layernorm",
                     parallel_residual=c["use_parallel_residual"], dropout=c["hidden_dropout"],
                     used={"num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "hidden_act",
                           "use_parallel_residual", "max_position_embeddings", "vocab_size", "initializer_range",
-                          "hidden_dropout", "attention_dropout", "model_type"})
+                          "hidden_dropout", "attention_dropout", "model_type", "tie_word_embeddings"})
     used = {"num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
             "hidden_act", "max_position_embeddings", "vocab_size", "head_dim", "initializer_range", "attention_dropout",
-            "model_type"}
+            "model_type", "tie_word_embeddings"}
     used |= {"sliding_window"} if family == "mistral" else {"use_sliding_window"} if family == "qwen2" else set()
     return dict(base, kv_heads=c["num_key_value_heads"], activation="swiglu", norm_type="rmsnorm",
                 parallel_residual=False, dropout=0.0, used=used)
@@ -107,8 +111,14 @@ def test_mapping_field_by_field(family: str) -> None:
     spec, notes = import_config(cfg_path(family))
     exp = expected(family)
     for key in ("layers", "d_model", "heads", "kv_heads", "d_ff", "activation", "norm", "norm_type", "embedding_norm",
-                "causal", "parallel_residual", "seq_len", "vocab", "embeddings", "dropout", "attention_dropout"):
+                "causal", "parallel_residual", "seq_len", "vocab", "embeddings", "dropout", "attention_dropout",
+                "final_norm", "tie_embeddings", "head_transform"):
         assert getattr(spec, key) == exp[key], key
+    assert spec.logit_softcap is None
+    # an untied head is an nn.Linear drawn like the rest (initializer_range), a tied one is the token embedding
+    assert (spec.head is None) == spec.tie_embeddings
+    assert spec.head_init.std == pytest.approx(raw(family)["initializer_range"], rel=1e-12)
+    assert spec.head_init.bias_std == 0.0
     assert spec.attention == "softmax" and spec.out_proj
     assert spec.softmax_scale == pytest.approx(exp["softmax_scale"], rel=1e-12)
     for m in MATRICES:
@@ -135,7 +145,9 @@ def test_family_notes() -> None:
     assert "sliding-window attention (window 64) in 2 of 2 layers" in joined["mistral"]
     assert "sliding" not in joined["qwen2"].replace("sliding_window", "")  # use_sliding_window false
     for f in FAMILIES:
-        assert {"transformers_version", "tie_word_embeddings"} <= ignored_fields(notes[f])
+        assert "transformers_version" in ignored_fields(notes[f])
+        assert "tie_word_embeddings" not in ignored_fields(notes[f])
+    assert "MLM head works at embedding_size 32" in joined["electra"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -152,7 +164,8 @@ def test_yaml_round_trip(family: str) -> None:
 
 def test_read_returns_plain_layout() -> None:
     d, _ = read_hf_config(cfg_path("gpt2"))
-    assert set(d) == {"name", "model", "sequence", "dropout", "attention_dropout", "init"}
+    assert set(d) == {"version", "name", "model", "sequence", "dropout", "attention_dropout", "init"}
+    assert next(iter(d)) == "version" and d["version"] == 1  # imported specs carry the format version first
     assert d["init"]["o"] == {"std": pytest.approx(0.01), "bias_std": 0.0}
     assert "softmax_scale" not in d["model"]  # standard scale: left to the spec default
     assert json.loads(json.dumps(d)) == d  # plain data only

@@ -22,7 +22,7 @@ def _xavier(fan_in, fan_out):
 def test_tfixup_decoder_rule_and_embeddings():
     """T-Fixup (Huang et al. 2020, Alg. 1), decoder: Xavier for V, O, FFN scaled by (9N)^(-1/4); input embeddings
     N(0, d^-1/2) (std d^-1/2, fairseq) scaled by (9N)^(-1/4); Q/K plain Xavier; no LayerNorm."""
-    from initadvisor.recommend import recipe_tfixup
+    from initadvisor.recipes import recipe_tfixup
 
     spec = load_spec(ROOT / "model_specs" / "gpt2-small.yaml")
     assert spec.causal
@@ -42,7 +42,7 @@ def test_tfixup_decoder_rule_and_embeddings():
 def test_deepnet_constants_all_matrices(name):
     """DeepNet (Wang et al. 2022, Fig. 2 / Table 1): x = LN(alpha x + f(x)), alpha = (2N)^(1/4), Xavier with gain
     beta = (8N)^(-1/4) on V, O and both FFN matrices, Q/K plain Xavier (numbers for N = 12 spelled out)."""
-    from initadvisor.recommend import recipe_deepnorm
+    from initadvisor.recipes import recipe_deepnorm
 
     spec = load_spec(ROOT / "model_specs" / f"{name}.yaml")
     N, d, f = spec.layers, spec.d_model, spec.d_ff
@@ -110,7 +110,7 @@ def test_spec_beta_and_qk_std_against_monte_carlo(seed):
 
 @pytest.fixture(scope="module")
 def bert_report():
-    from initadvisor.recommend import recommend
+    from initadvisor.recipes import recommend
 
     return load_spec(ROOT / "model_specs" / "bert-base.yaml"), recommend(
         load_spec(ROOT / "model_specs" / "bert-base.yaml"))
@@ -171,7 +171,7 @@ def test_deepscalelm_correlation_recurrence_first_step():
 
 def test_critical_recipe_skip_margin():
     """Critical recipe: the attention skip is the given one if above alpha_c, else 1.1 alpha_c."""
-    from initadvisor.recommend import recipe_critical
+    from initadvisor.recipes import recipe_critical
 
     spec = load_spec(ROOT / "model_specs" / "bert-base.yaml")
     given = spec.res_attention.skip
@@ -182,7 +182,7 @@ def test_critical_recipe_skip_margin():
 def test_admin_first_skip_is_input_std():
     """Admin (Liu et al. 2020, sec. 4.2): omega_1^2 = Var(x_0), the stream entering block 1: after BERT's
     embedding LayerNorm (variance 1) and inverted dropout p, Var = 1/(1-p)."""
-    from initadvisor.recommend import recipe_admin
+    from initadvisor.recipes import recipe_admin
 
     spec = load_spec(ROOT / "model_specs" / "bert-base.yaml")
     r = recipe_admin(spec)

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from initadvisor.recommend import alpha_c, max_rho, recommend
+from initadvisor.recipes import alpha_c, max_rho, recommend
 from initadvisor.spec import build_spec, load_spec
 
 from conftest import ROOT, SPECS
@@ -81,7 +81,7 @@ def test_deepscalelm_block_follows_the_paper():
 
 
 def test_recipe_constants():
-    from initadvisor.recommend import recipe_deepnorm, recipe_gpt2, recipe_tfixup
+    from initadvisor.recipes import recipe_deepnorm, recipe_gpt2, recipe_tfixup
 
     spec = load_spec(ROOT / "model_specs" / "bert-base.yaml")
     N, d = spec.layers, spec.d_model
@@ -140,7 +140,7 @@ def test_causal_recipe_is_judged_on_its_own_per_layer_model():
     """gpt2-small's DeepScaleLM recipe has per-layer V/O variances: the causal (position-resolved) analysis of
     the recipe runs on them. Reference: the same blocks built by hand from the per-layer gains. Before the fix the
     analysis ran the spec without its per-layer values: late-token rho 0.427 instead of 0.733."""
-    from initadvisor import recommend as R
+    from initadvisor import recipes as R
     from initadvisor.core.causal import propagate_overlaps
     from initadvisor.core.ops import block
     from initadvisor.diagnose import analyse, diagnose

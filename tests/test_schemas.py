@@ -73,6 +73,8 @@ def test_checks_diagram_verify_outputs_validate():
     schemas.validate(api.diagram(SPECS[0], x="alpha_sa", y="depth", grid=3).to_dict())
     small = {"model": {"layers": 2, "d_model": 16, "heads": 2, "causal": True}, "sequence": {"length": 8, "vocab": 50}}
     schemas.validate(api.verify(small, seeds=2).to_dict())
+    schemas.validate(api.sweep(SPECS[0], width=[64, 128]).to_dict())
+    schemas.validate(api.sweep(small, depth=[1, 3]).to_dict())
 
 
 @pytest.mark.parametrize("breakage", [
@@ -86,3 +88,9 @@ def test_a_broken_report_fails_its_schema(breakage):
     breakage(doc)
     with pytest.raises(jsonschema.ValidationError):
         schemas.validate(doc)
+
+
+def test_audit_output_validates():
+    from initadvisor.audit import audit_config
+
+    schemas.validate(audit_config(ROOT / "tests" / "data" / "hf" / "llama" / "config.json").to_dict())

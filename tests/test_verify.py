@@ -72,7 +72,7 @@ def test_gate_does_not_widen_the_tolerance_by_the_noise():
     """Issue: a 36% early-layer gradient error passed rtol 0.15 because the gate allowed 2 SE on top. Now a
     layer passes only when |error| + z_crit SE <= rtol, fails when |error| - z_crit SE > rtol, and is
     inconclusive in between (with a seed count that would decide it)."""
-    from initadvisor.verify import compare, z_crit
+    from initadvisor.verification import compare, z_crit
 
     spec = parse_spec(SMALL % ("post", "false"))
     tr = _Trace(spec.layers)
@@ -94,7 +94,7 @@ def test_gate_does_not_widen_the_tolerance_by_the_noise():
 def test_pool_seeds_takes_the_seed_as_the_unit():
     """Means as over all sequences; standard errors over seeds: two identical sequences per seed add nothing."""
     from initadvisor.simulate import mean_se, ratio_se
-    from initadvisor.verify import pool_seeds
+    from initadvisor.verification import pool_seeds
 
     rng = np.random.default_rng(3)
     per = [{"q": 1 + 0.1 * rng.random(4), "p": 0.3 * rng.random(4), "grad_q": rng.random(4) + 0.5,
@@ -139,7 +139,7 @@ def test_apply_initialises_a_real_model_with_a_recommendation():
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from initadvisor.hf import import_config
-    from initadvisor.recommend import recommend
+    from initadvisor.recipes import recommend
     from initadvisor.torch import apply
 
     cfg = ROOT / "tests" / "data" / "hf" / "gpt2" / "config.json"
@@ -173,7 +173,7 @@ def test_apply_draws_what_the_snippet_draws(family):
     pytest.importorskip("transformers")
     from initadvisor.hf import import_config
     from initadvisor.init_code import render
-    from initadvisor.recommend import recommend
+    from initadvisor.recipes import recommend
     from initadvisor.spec import build_spec
     from initadvisor.torch import apply
 
@@ -202,7 +202,7 @@ def test_apply_does_not_execute_code_from_the_json(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from initadvisor.hf import import_config
-    from initadvisor.recommend import recommend
+    from initadvisor.recipes import recommend
     from initadvisor.spec import SpecError
     from initadvisor.torch import apply
 

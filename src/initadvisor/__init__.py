@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-_API = ("load", "check", "recommend", "verify", "diagram", "CheckReport", "Recommendation", "VerifyReport",
-        "Diagram", "Layer", "RecipeResult", "Report", "Spec")
+_API = ("load", "check", "recommend", "verify", "diagram", "sweep", "CheckReport", "Recommendation", "VerifyReport",
+        "Diagram", "SweepReport", "Layer", "RecipeResult", "Report", "Spec")
 _ERRORS = ("InitAdvisorError", "SpecError", "InvalidSpecError", "UsageError", "MissingExtraError")
 __all__ = ["__version__", *_API, *_ERRORS]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from initadvisor.api import (CheckReport, Diagram, Layer, RecipeResult, Recommendation, Report, Spec, VerifyReport,
-                                 check, diagram, load, recommend, verify)
+    from initadvisor.api import (CheckReport, Diagram, Layer, RecipeResult, Recommendation, Report, Spec,
+                                 SweepReport, VerifyReport, check, diagram, load, recommend, sweep, verify)
     from initadvisor.errors import InitAdvisorError, InvalidSpecError, MissingExtraError, SpecError, UsageError
 
 

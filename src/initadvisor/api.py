@@ -208,7 +208,7 @@ def recommend(source: Source, *, rho_max: float = 0.99, k: float = 2.0, alpha_ml
               seq_len: int | None = None) -> Recommendation:
     """Solve for beta_c, alpha_c (rho stays below `rho_max`), tau and DeepScaleLM's variances (its k), and
     compare the init recipes; the patched spec applies the first passing one."""
-    from initadvisor.recommend import recommend as run
+    from initadvisor.recipes import recommend as run
     from initadvisor.spec import build_spec
 
     if not 0 <= rho_max <= 1:
@@ -249,7 +249,7 @@ def verify(source: Source, *, backend: str = "numpy", device: str = "cpu", seeds
     from initadvisor.diagnose import causal_trace
     from initadvisor.simulate import check_memory
     from initadvisor.stack import from_spec
-    from initadvisor.verify import compare, pool_seeds
+    from initadvisor.verification import compare, pool_seeds
 
     if backend not in ("numpy", "torch"):
         raise UsageError(f"must be numpy or torch, got {backend!r}", "--backend")
@@ -315,7 +315,25 @@ class Diagram(Report):
 def diagram(source: Source, *, x: str = "beta", y: str = "alpha_sa", grid: int = 64,
             x_range: tuple[float, float] | None = None, y_range: tuple[float, float] | None = None) -> Diagram:
     """The trainability diagram (001 Fig. 1c) over x and y: beta, alpha_sa, alpha_mlp, depth or seq_len."""
-    from initadvisor.diagram import diagram as run
+    from initadvisor.phase_diagram import diagram as run
 
     data = run(load(source), x=x, y=y, grid=grid, x_range=x_range, y_range=y_range)
     return Diagram(data, x, y, tuple(tuple(r) for r in data["phase"]), dict(data["counts"]))
+
+
+@dataclass(frozen=True)
+class SweepReport(Report):
+    """`initadvisor.sweep/1`: each module's output size at init over widths or depths (a coordinate check's
+    first row) and the fitted exponents."""
+
+    axis: str = ""
+    values: tuple[int, ...] = ()
+    exponents: Mapping[str, float | None] = None
+
+
+def sweep(source: Source, *, width: Sequence[int] | None = None, depth: Sequence[int] | None = None) -> SweepReport:
+    """The analytic coordinate check over `width` (d_model; head dimension and d_ff / d_model held) or `depth`."""
+    from initadvisor.coords import sweep as run
+
+    data = run(load(source), width=None if width is None else list(width), depth=None if depth is None else list(depth))
+    return SweepReport(data, data["axis"], tuple(data["values"]), dict(data["exponents"]))

@@ -216,7 +216,7 @@ def verify(a) -> int:
         from initadvisor.plots import save_verify
 
         save_verify(rep.data, a.plot)
-    from initadvisor.verify import render_verify
+    from initadvisor.verification import render_verify
 
     emit(rep, a.format, render_verify)
     return 0 if rep.passed else 1
@@ -238,7 +238,7 @@ AXES = ["beta", "alpha_sa", "alpha_mlp", "depth", "seq_len"]
 def diagram(a) -> int:
     """Trainability diagram (001 Fig. 1c): rank collapse, entropy collapse or trainable over a grid."""
     from initadvisor import api
-    from initadvisor.diagram import render_diagram
+    from initadvisor.phase_diagram import render_diagram
 
     output_path(a.png, "--png", figures=True)
     output_path(a.svg, "--svg", figures=True)
@@ -250,6 +250,38 @@ def diagram(a) -> int:
 
             save_diagram(res.data, path)
     emit(res, a.format, render_diagram)
+    return 0
+
+
+def int_list(text: str) -> list[int]:
+    """An argparse type: comma-separated whole numbers (256,512,1024)."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+
+
+@command("sweep",
+         SPEC,
+         arg("--width", type=int_list, help="d_model values, e.g. 256,512,1024 (head dimension, d_ff ratio held)."),
+         arg("--depth", type=int_list, help="Layer counts, e.g. 2,4,8,16."),
+         arg("--format", default="table", choices=["table", "json"], help="Output format [table]."),
+         arg("--png", type=Path, help="Save the coordinate-check plot as PNG (matplotlib)."),
+         arg("--svg", type=Path, help="Save the coordinate-check plot as SVG (matplotlib)."))
+def sweep(a) -> int:
+    """Analytic coordinate check: each module's output size at init over widths or depths, exponents fitted."""
+    from initadvisor import api
+    from initadvisor.coords import render_sweep
+
+    output_path(a.png, "--png", figures=True)
+    output_path(a.svg, "--svg", figures=True)
+    res = api.sweep(a.spec, width=a.width, depth=a.depth)
+    for path in (a.png, a.svg):
+        if path is not None:
+            from initadvisor.plots import save_sweep
+
+            save_sweep(res.data, path)
+    emit(res, a.format, render_sweep)
     return 0
 
 
@@ -265,6 +297,33 @@ def plot(a) -> int:
     save_profiles(api.check(a.spec).data, a.png)
     sys.stdout.write(f"wrote {a.png}\n")
     return 0
+
+
+@command("audit",
+         arg("config", type=Path, help="HuggingFace config.json (or a folder holding one)."),
+         arg("--layers", type=bounded(int, 1, 1000), default=2,
+             help="Blocks to build (two show every per-role init) [2]."),
+         arg("--seed", type=bounded(int, 0, 2**31 - 1), default=0, help="Torch seed of the initialisation [0]."),
+         arg("--format", default="table", choices=["table", "json"], help="Output format [table]."))
+def audit(a) -> int:
+    """Build the model on CPU as transformers initialises it and audit its weights (exit 1 on an error)."""
+    for module, extra, package in (("torch", "torch", "PyTorch"), ("transformers", "hf", "transformers")):
+        try:
+            __import__(module)
+        except ImportError:
+            from initadvisor.errors import MissingExtraError
+
+            raise MissingExtraError("audit", extra, package) from None
+    from initadvisor.audit import audit_config, render_audit
+
+    rep = audit_config(a.config, layers=a.layers, seed=a.seed)
+    if a.format == "json":
+        sys.stdout.write(rep.to_json() + "\n")
+    else:
+        from rich.console import Console
+
+        render_audit(rep, Console())
+    return 1 if rep.to_dict()["verdict"] == "fail" else 0
 
 
 @command("rules")

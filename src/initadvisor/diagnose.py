@@ -10,6 +10,7 @@ from initadvisor import __version__
 from initadvisor.core import gradients as G
 from initadvisor.core.attention import phase
 from initadvisor.core.model import Stack, Trace, propagate, propagate_causal
+from initadvisor.loss import initial_loss
 from initadvisor.numbers import clean, overflow_findings
 from initadvisor.rules import RULES, Finding, finding  # noqa: F401  (Finding, finding: re-exported)
 from initadvisor.stack import from_spec
@@ -114,6 +115,7 @@ class Analysis:
     width: dict | None
     qk: np.ndarray  # Result 2's scaled Q gradient per block
     ratio: np.ndarray  # Noci's Q/K-to-V gradient ratio per block
+    loss: dict  # the expected step-0 loss (initadvisor.loss.initial_loss): expected, uniform, logit_std
 
 
 def analyse(spec, stack: Stack | None = None) -> Analysis:
@@ -121,8 +123,9 @@ def analyse(spec, stack: Stack | None = None) -> Analysis:
     from it: every analysis sees the same per-layer model."""
     stack = from_spec(spec) if stack is None else stack
     trace = propagate(stack)
-    return Analysis(stack, trace, causal_trace(stack), growth(stack, trace), width(stack, trace),
-                    *qk_laws(stack, trace))
+    ct = causal_trace(stack)
+    return Analysis(stack, trace, ct, growth(stack, trace), width(stack, trace), *qk_laws(stack, trace),
+                    initial_loss(spec, trace, stack, ct))
 
 
 def diagnose(spec, a: Analysis) -> list[Finding]:
@@ -171,7 +174,7 @@ def check(spec, fail_on: str = "error", chosen=None, ignored=None) -> dict:
     Values the engine cannot resolve (overflowed, underflowed) are null, each quantity named by an IA104."""
     a = analyse(spec)
     body, bad = clean({"growth": _clean(a.growth), "width": a.width, "causal": causal_summary(spec, a.ct),
-                       "layers": layer_rows(a)})
+                       "initial_loss": _clean(a.loss), "layers": layer_rows(a)})
     findings = select(diagnose(spec, a) + overflow_findings(bad), spec.select if chosen is None else chosen,
                       spec.ignore if ignored is None else ignored)
     return {

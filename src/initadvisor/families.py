@@ -15,7 +15,11 @@ The mappings follow what `transformers` (5.x) does when it builds a randomly ini
   every norm gain 1 (`PreTrainedModel._init_weights`);
 * GPT-2 re-draws both `c_proj` weights (attention output and MLP down projection) with
   std = initializer_range / sqrt(2 * n_layer) (`GPT2PreTrainedModel._init_weights`);
-* GPT-NeoX, Llama, Mistral and Qwen2 use the plain rule for every matrix (no depth scaling).
+* GPT-NeoX, Llama, Mistral and Qwen2 use the plain rule for every matrix (no depth scaling);
+* the output head (`...ForCausalLM.lm_head`, GPT-NeoX's `embed_out`, BERT's MLM decoder) is the token embedding
+  when `tie_word_embeddings` (default true for GPT-2 and the BERT family, false for GPT-NeoX, Llama, Mistral,
+  Qwen2), else an nn.Linear with the plain rule; the decoders end in a final norm (ln_f, final_layer_norm,
+  norm), the BERT family in the MLM transform (dense, activation, LayerNorm) before the decoder.
 """
 
 from __future__ import annotations
@@ -95,11 +99,17 @@ def _init_std(cfg: _Config, notes: list[str]) -> float:
     return r
 
 
-def _init(std: float, **per_matrix: float) -> dict[str, Any]:
+def _init(std: float, tied: bool, **per_matrix: float) -> dict[str, Any]:
     init: dict[str, Any] = {"std": std}
-    for m in MATRICES:
+    for m in (*MATRICES, *(() if tied else ("head",))):  # a tied head is the token embedding
         init[m] = {"std": per_matrix.get(m, std), "bias_std": 0.0}
     return init
+
+
+def _head(cfg: _Config, tied_default: bool, final_norm: bool, transform: bool) -> dict[str, Any]:
+    """The `model` keys of the output head: the final norm, tying (tie_word_embeddings), the MLM transform."""
+    tied = cfg.get("tie_word_embeddings", "bool", tied_default, spec_key="model.tie_embeddings")
+    return {"final_norm": final_norm, "tie_embeddings": tied, "head_transform": transform}
 
 
 def _attention_scale(d: int, heads: int, head_dim: int, scale: float) -> float | None:
@@ -169,13 +179,17 @@ def _bert_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     std = _init_std(cfg, notes)
     drop = g("hidden_dropout_prob", "prob", 0.1, spec_key="dropout")
     attn_drop = g(fam.attn_dropout_key, "prob", 0.1, spec_key="attention_dropout")
+    head = _head(cfg, True, False, True)  # no final norm: the MLM transform ends in a LayerNorm
+    if mt == "electra" and e != d:  # e: embedding_size, read above
+        notes.append(f"ELECTRA's MLM head works at embedding_size {e}: its logits have variance "
+                     f"{e} * initializer_range^2, the spec's initial_loss takes hidden_size {d}")
     return {
         "model": {"layers": layers, "d_model": d, "heads": heads, "kv_heads": heads, "d_ff": d_ff, "norm": "post",
                   "norm_type": "layernorm", "attention": "softmax", "out_proj": True, "causal": causal,
-                  "activation": act, "embedding_norm": True, "parallel_residual": False},
+                  "activation": act, "embedding_norm": True, "parallel_residual": False, **head},
         "sequence": {"length": length, "vocab": vocab, "embeddings": embeddings},
         "dropout": drop, "attention_dropout": attn_drop,
-        "init": _init(std),
+        "init": _init(std, head["tie_embeddings"]),
     }
 
 
@@ -206,11 +220,11 @@ def _rotary_note(cfg: _Config, notes: list[str], partial_key: str | None = None)
 
 
 def _decoder(layers: int, d: int, heads: int, kv: int, d_ff: int, act: str, norm_type: str, parallel: bool,
-             scale: float | None) -> dict[str, Any]:
+             scale: float | None, head: dict[str, Any]) -> dict[str, Any]:
     """The `model` section of a pre-LN causal decoder (GPT-2, GPT-NeoX, Llama family)."""
     model = {"layers": layers, "d_model": d, "heads": heads, "kv_heads": kv, "d_ff": d_ff, "norm": "pre",
              "norm_type": norm_type, "attention": "softmax", "out_proj": True, "causal": True, "activation": act,
-             "embedding_norm": False, "parallel_residual": parallel}
+             "embedding_norm": False, "parallel_residual": parallel, **head}
     if scale is not None:
         model["softmax_scale"] = scale
     return model
@@ -244,11 +258,12 @@ def _gpt2(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
                  f"initializer_range / sqrt(2 * n_layer) = {std:g} / sqrt({2 * layers}) = {proj:.6g}")
     drop = _dropouts(cfg, notes, "resid_pdrop", "embd_pdrop", 0.1)
     attn_drop = g(fam.attn_dropout_key, "prob", 0.1, spec_key="attention_dropout")
+    head = _head(cfg, True, True, False)  # ln_f, then lm_head
     return {
-        "model": _decoder(layers, d, heads, heads, d_ff, act, "layernorm", False, scale),
+        "model": _decoder(layers, d, heads, heads, d_ff, act, "layernorm", False, scale, head),
         "sequence": {"length": length, "vocab": vocab, "embeddings": ["token", "position"]},
         "dropout": drop, "attention_dropout": attn_drop,
-        "init": _init(std, o=proj, ff_out=proj),
+        "init": _init(std, head["tie_embeddings"], o=proj, ff_out=proj),
     }
 
 
@@ -263,11 +278,12 @@ def _gpt_neox(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     std = _init_std(cfg, notes)
     drop = g("hidden_dropout", "prob", 0.0, spec_key="dropout")  # embedding dropout uses the same rate
     attn_drop = g(fam.attn_dropout_key, "prob", 0.0, spec_key="attention_dropout")
+    head = _head(cfg, False, True, False)  # final_layer_norm, then embed_out
     return {
-        "model": _decoder(layers, d, heads, heads, d_ff, act, "layernorm", parallel, None),
+        "model": _decoder(layers, d, heads, heads, d_ff, act, "layernorm", parallel, None, head),
         "sequence": {"length": length, "vocab": vocab, "embeddings": ["token"]},
         "dropout": drop, "attention_dropout": attn_drop,
-        "init": _init(std),
+        "init": _init(std, head["tie_embeddings"]),
     }
 
 
@@ -290,12 +306,13 @@ def _llama_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     _sliding_window(cfg, fam.model_type, layers, length, notes)
     std = _init_std(cfg, notes)
     attn_drop = g(fam.attn_dropout_key, "prob", 0.0, spec_key="attention_dropout")
+    head = _head(cfg, False, True, False)  # the final RMSNorm, then lm_head
     return {
-        "model": _decoder(layers, d, heads, kv, d_ff, act, "rmsnorm", False, scale),
+        "model": _decoder(layers, d, heads, kv, d_ff, act, "rmsnorm", False, scale, head),
         "sequence": {"length": length, "vocab": vocab, "embeddings": ["token"]},
         "dropout": 0.0,  # no embedding or residual dropout in these families
         "attention_dropout": attn_drop,
-        "init": _init(std),
+        "init": _init(std, head["tie_embeddings"]),
     }
 
 

@@ -221,7 +221,7 @@ def _xml(s: Any) -> str:
 
 
 def to_junit(entries: Iterable[Entry], fail_on: str = "error") -> str:
-    """JUnit XML: a testsuite per spec, a testcase per rule of RULES.
+    """JUnit XML: a testsuite per spec, a testcase per spec rule of RULES (the audit's rules judge live models).
 
     A rule that fired with severity at or above `fail_on` is a <failure>; one that fired below it is
     <skipped> carrying its message (visible, not gating); one that did not fire passes.
@@ -242,7 +242,7 @@ def to_junit(entries: Iterable[Entry], fail_on: str = "error") -> str:
             if v is not None:
                 ET.SubElement(props, "property", name=k, value=str(v))
         counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-        codes = list(RULES) + [c for c in fired if c not in RULES]
+        codes = [c for c, r in RULES.items() if r.scope == "spec"] + [c for c in fired if c not in RULES]
         for code in codes:
             counts["tests"] += 1
             case = ET.SubElement(suite, "testcase", name=_title(code), classname=f"initadvisor.{name}",
@@ -386,8 +386,10 @@ def rule_text(code: str) -> str:
     return (f"{r.code} {r.name} ({r.severity}): {r.title}\n\n{r.meaning}\n\n"
             f"fires when: {r.criterion}\nformula:    {r.formula}\nsource:     {r.source}\n"
             f"threshold:  {r.threshold}\nspec keys:  {', '.join(r.keys)}\nfix:        {r.fix}\n\n"
-            f"failing example (reports {r.code}):\n{_example_yaml(r.fails)}\n"
-            f"fixed example (no {r.code}):\n{_example_yaml(r.passes)}")
+            + (f"failing example (reports {r.code}):\n{_example_yaml(r.fails)}\n"
+               f"fixed example (no {r.code}):\n{_example_yaml(r.passes)}" if r.scope == "spec" else
+               "found by `initadvisor audit` (or initadvisor.torch.audit) on the weights of a live model; a spec "
+               "has no example of it\n"))
 
 
 RULES_COLUMNS = ("code", "severity", "name", "fires when", "threshold [default]")

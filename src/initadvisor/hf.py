@@ -18,7 +18,7 @@ from typing import Any
 
 from .families import FAMILIES
 from .files import read_bounded
-from .spec import Spec, SpecError, build_spec
+from .spec import VERSION, Spec, SpecError, build_spec
 
 SUPPORTED = tuple(FAMILIES)
 MAX_BYTES = 10_000_000  # a config.json is a few kB
@@ -242,4 +242,4 @@ def _map(cfg: _Config) -> tuple[dict[str, Any], list[str]]:
         raise cfg.error(f"unsupported model_type {mt!r} (supported: {', '.join(SUPPORTED)})", "model_type")
     notes: list[str] = []
     name = cfg.get("_name_or_path", "str") or mt
-    return {"name": name, **family.to_spec(cfg, family, notes)}, notes
+    return {"version": VERSION, "name": name, **family.to_spec(cfg, family, notes)}, notes

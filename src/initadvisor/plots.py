@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from initadvisor.diagram import COLORS, NAMES, PHASES
+from initadvisor.phase_diagram import COLORS, NAMES, PHASES
 
 GREEK = {"beta": r"$\beta$ (Q/K scale, Giorlandino-Goldt)", "alpha_sa": r"$\alpha_{SA}$ (attention skip)",
          "alpha_mlp": r"$\alpha_{MLP}$ (MLP skip)", "depth": "depth (blocks)", "seq_len": "sequence length $T$"}
@@ -247,5 +247,34 @@ def save_verify(report: dict, path, dpi: int = 150) -> Path:
     fig.suptitle(f"{report['spec']['name']}: theory vs {m.get('backend', 'Monte-Carlo')} measurement "
                  f"({m.get('seeds', '?')} seeds x {m.get('batch', '?')} sequences)  |  verdict "
                  f"{report['verdict'].upper()}", fontsize=10)
+    _save(plt, fig, path, dpi)
+    return path
+
+
+def save_sweep(result: dict, path, dpi: int = 150) -> Path:
+    """The first row of a muP coordinate check, from a `sweep` result (initadvisor.sweep/1): mean |x| of each
+    module's output at init against width or depth, log-log, one line per module, its fitted exponent in the
+    legend."""
+    plt = _pyplot()
+    path = Path(path)
+    x = result["values"]
+    fig, ax = plt.subplots(figsize=(7.2, 4.8), constrained_layout=True)
+    for module in result["modules"]:
+        y = [c["modules"][module]["mean_abs"] for c in result["configs"]]
+        pts = [(a, b) for a, b in zip(x, y) if b is not None and b > 0]
+        if not pts:
+            continue
+        slope = result["exponents"][module]
+        label = module + ("" if slope is None else f"  ({result['axis']}^{slope:+.2f})")
+        ax.plot(*zip(*pts), "o-", ms=4, lw=1.6, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(x, [str(v) for v in x])
+    ax.minorticks_off()
+    ax.set_xlabel("width (d_model)" if result["axis"] == "width" else "depth (blocks)")
+    ax.set_ylabel("mean |x| of the module output")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title(f"coordinate check at init: {result['spec']['name']}  (RMS exponents)", fontsize=11)
     _save(plt, fig, path, dpi)
     return path

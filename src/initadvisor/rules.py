@@ -54,6 +54,8 @@ class Rule:
     fix: str
     fails: dict  # overrides of EXAMPLE_BASE that make it fire
     passes: dict  # ... and the fixed spec, where it stays silent
+    scope: str = "spec"  # "spec": `check` runs it on a spec; "audit": `initadvisor.audit` raises it on a live
+    # model (no spec example: its fails / passes are empty)
 
     @property
     def threshold(self) -> str:
@@ -201,6 +203,21 @@ def width_collapse(spec, a) -> list[Finding]:
     return [finding("IA401", f"one attention layer's output has stable rank {show(w['stable_rank'], '.3g')} at T = "
                              f"{w['seq_len']} against {show(w['stable_rank_centered'], '.3g')} with centered attention "
                              f"(spectral gap sigma1/sigma2 = {show(w['gap_ratio'], '.3g')})", 1)]
+
+
+def audit_only(spec, a) -> list[Finding]:
+    """Audit rules fire on a live model's weights (initadvisor.audit), never on a spec."""
+    return []
+
+
+def initial_loss(spec, a) -> list[Finding]:
+    loss, th = a.loss, spec.thresholds["initial_loss_excess"]
+    excess = loss["expected"] - loss["uniform"]
+    if not excess > th:
+        return []
+    return [finding("IA501", f"expected step-0 loss {show(loss['expected'], '.4g')} exceeds ln V = "
+                             f"{show(loss['uniform'], '.4g')} by {show(excess, '.3g')} > {th:g} nats (logit std "
+                             f"{show(loss['logit_std'], '.3g')})")]
 
 
 def causal_positions(spec, a) -> list[Finding]:
@@ -361,6 +378,116 @@ RULES: dict[str, Rule] = {r.code: r for r in [
         fix="Use centered (gain-controlled) attention, model.attention: centered; keep the attention skip.",
         fails={"sequence": {"length": 1024}},
         passes={"model": {"attention": "centered"}, "sequence": {"length": 1024}},
+    ),
+    Rule(
+        code="IA501", name="initial-loss", severity="warning", title="Step-0 loss above ln V",
+        threshold_key="initial_loss_excess",
+        criterion="expected step-0 cross-entropy - ln V > initial_loss_excess (nats)",
+        keys=("init.head", "init.embedding", "model.tie_embeddings", "model.final_norm", "model.logit_softcap",
+              "init.std"),
+        check=initial_loss,
+        meaning="The logits at initialisation are large: for random targets the expected cross-entropy exceeds "
+                "the uniform ln V, so the model starts confidently wrong and its first steps go to shrinking the "
+                "head; a tied head without BERT's MLM transform also scores each token's own embedding, a logit "
+                "that predicts the current token.",
+        formula="z_v = w_v.h i.i.d. N(0, s^2), s^2 = d q_h std_head^2 (q_h = 1 after the final norm); "
+                "E CE = E ln sum_v e^{z_v} - E z_y = ln V + s^2/2 - (e^{s^2} - 1)/(2V) + ... (exact: Frullani's "
+                "integral); tied: the own logit has mean s sqrt(d f), f its row's share of the final stream",
+        source="initadvisor.loss (log-sum-exp of Gaussian logits); reference: torchtitan's Llama-3 debug model, "
+               "output std dim^-1/2, logs 8.05 at step 1 against ln V = 7.62",
+        fix="Shrink the head's init (init.head: {gain: 1} gives std d^-1/2, logit std 1; smaller is closer to "
+            "ln V); with a tied head shrink init.embedding or untie it; or soft-cap the logits (model.logit_softcap).",
+        fails={"model": {"tie_embeddings": False}, "init": {"head": {"std": 0.5}}},
+        passes={"model": {"tie_embeddings": False}, "init": {"head": {"std": 0.05}}},
+    ),
+    Rule(
+        code="IA601", name="init-mismatch", severity="error", title="Weights differ from the intended init",
+        threshold_key=None,
+        criterion="a role's std (or mean, or norm gain) differs from the intended one beyond 6 standard errors",
+        keys=("init.o", "init.ff_out", "init.ff_in", "init.q", "init.k", "init.v", "init.embedding", "init.std"),
+        check=audit_only, scope="audit",
+        meaning="A weight role of the live model (q, k, v, o, gate/up, down, embeddings, head, biases, norm gains) "
+                "does not have the std the config and the family's init intend: the report gives the factor and "
+                "names it where it is a common one (a missing or doubled 1/sqrt(2L), a depth scale on the SwiGLU "
+                "value matrix, 1/sqrt(2)).",
+        formula="factor = measured std / intended std, reported when |ln factor| > max(0.01, 6 / sqrt(2 n)) "
+                "(n entries: a std's relative standard error is 1 / sqrt(2 n))",
+        source="transformers PreTrainedModel._init_weights and GPT2PreTrainedModel._init_weights; nanoGPT "
+               "model.py; Radford et al. 2019, sec. 2.3 (1/sqrt(N) scaling of residual layers)",
+        fix="Make the init code draw each role with its intended std (the finding names the factor to remove or "
+            "add); `initadvisor recommend` prints an init_weights snippet.",
+        fails={}, passes={},
+    ),
+    Rule(
+        code="IA602", name="pytorch-default-init", severity="error", title="Weights left at PyTorch's default init",
+        threshold_key=None,
+        criterion="an nn.Linear uniform within +-1/sqrt(fan_in) at std 1/sqrt(3 fan_in), or an nn.Embedding "
+                  "at std 1, where another init is intended",
+        keys=("init.std",), check=audit_only, scope="audit",
+        meaning="The module was never reached by the model's init function (created after post_init() or "
+                "model.apply(init), or skipped by its type test), so it keeps PyTorch's default: "
+                "kaiming_uniform(a = sqrt(5)) for nn.Linear, N(0, 1) for nn.Embedding.",
+        formula="nn.Linear: max |w| <= 1/sqrt(fan_in) and std = 1/sqrt(3 fan_in) within 6 standard errors; "
+                "nn.Embedding: std = 1",
+        source="PyTorch nn.Linear.reset_parameters and nn.Embedding.reset_parameters",
+        fix="Initialise the module after it is built (model.apply(init) last, or re-run post_init()).",
+        fails={}, passes={},
+    ),
+    Rule(
+        code="IA603", name="zero-or-constant-tensor", severity="error", title="All-zero or constant weights",
+        threshold_key=None,
+        criterion="a weight matrix or embedding whose entries are all equal, a tensor with non-finite entries, "
+                  "or a zero norm gain",
+        keys=("init.std",), check=audit_only, scope="audit",
+        meaning="Every unit of a constant matrix computes the same function and gets the same gradient, so "
+                "training never breaks the symmetry; a zero matrix or norm gain also blocks the signal and the "
+                "gradient of everything before it.",
+        formula="max(w) == min(w); an entry of w not finite; a norm's gain g = w (or 1 + w) all zero",
+        source="Goodfellow, Bengio & Courville 2016, sec. 8.4 (random initialisation breaks symmetry)",
+        fix="Draw the tensor randomly; for a deliberately zero-initialised output projection, ignore IA603 "
+            "(raise_for_findings(ignore=...)).",
+        fails={}, passes={},
+    ),
+    Rule(
+        code="IA604", name="no-gradient", severity="error", title="Parameters receive no gradient",
+        threshold_key=None,
+        criterion="a trainable parameter's gradient is None or exactly zero after one probe forward/backward",
+        keys=("model",), check=audit_only, scope="audit",
+        meaning="A module that was built but is never called (a configured QK-norm skipped in forward()), or "
+                "is called under no_grad or on a detached tensor, or sits behind an all-zero tensor, takes no "
+                "part in training.",
+        formula="torch.autograd.grad(sum of <output, G>, parameters, allow_unused=True) on random tokens, "
+                "G ~ N(0, 1): None or all zero",
+        source="PyTorch autograd (allow_unused: None for parameters outside the graph)",
+        fix="Call the module in forward() (or remove it); if an all-zero tensor blocks the gradient, see IA603.",
+        fails={}, passes={},
+    ),
+    Rule(
+        code="IA605", name="truncation-never-bites", severity="warning", title="Truncation bounds never bite",
+        threshold_key=None,
+        criterion="audit(truncation=t) and a weight's max |w| exceeds t standard deviations of its normal",
+        keys=("init.std",), check=audit_only, scope="audit",
+        meaning="The init is meant to be a normal truncated at +-t std, but the weights reach beyond: the bounds "
+                "were given in absolute units (trunc_normal_(w, std=0.02) keeps a = -2, b = 2, i.e. +-100 std) "
+                "and never truncate anything.",
+        formula="max |w| > t s (1 + 6 / sqrt(2 n)), s = std / sqrt(1 - 2 t phi(t) / (2 Phi(t) - 1)); tested "
+                "where an untruncated normal exceeds the bound with probability > 0.999",
+        source="torch.nn.init.trunc_normal_ (a and b are absolute bounds, not multiples of std)",
+        fix="Pass the bounds in units of the std: trunc_normal_(w, std=s, a=-t*s, b=t*s).",
+        fails={}, passes={},
+    ),
+    Rule(
+        code="IA606", name="head-tying-mismatch", severity="warning", title="Output head tying differs from the config",
+        threshold_key=None,
+        criterion="the output head is tied to the token embedding where the config says untied, or the reverse",
+        keys=("init.embedding",), check=audit_only, scope="audit",
+        meaning="tie_word_embeddings (nanoGPT: always tied) says whether the output head shares the token "
+                "embedding's matrix; a head re-created after tying, or tied by hand against the config, trains a "
+                "different model than the config describes.",
+        formula="head.weight is embedding.weight vs tie_word_embeddings",
+        source="transformers PreTrainedModel.tie_weights; nanoGPT model.py (weight tying)",
+        fix="Tie with model.tie_weights() (or head.weight = embedding.weight), or set tie_word_embeddings.",
+        fails={}, passes={},
     ),
     Rule(
         code="IA901", name="causal-positions", severity="info", title="Causal model: position-resolved geometry",

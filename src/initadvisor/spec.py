@@ -22,6 +22,7 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "tanh", "linear", "swiglu", 
 EMBEDDINGS = ("token", "position", "segment")
 MAX_NODES = 20_000  # YAML nodes visited at most: a spec is small, an alias bomb is not
 MAX_BYTES = 1 << 20  # a spec file is a few hundred bytes; refuse anything over 1 MiB before parsing it
+VERSION = 1  # the spec format version this initadvisor reads and writes (the top-level `version` key)
 MAX_INT = {"model.layers": 100_000, "model.d_model": 1_000_000, "model.heads": 1_000_000,
            "model.kv_heads": 1_000_000, "model.d_ff": 10_000_000, "sequence.length": 10_000_000}
 
@@ -70,6 +71,12 @@ class Spec:
     thresholds: dict[str, float] = field(default_factory=dict)
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
+    # the output head (initadvisor.loss): a final norm, tied or own matrix, BERT's MLM transform, soft-capping
+    final_norm: bool = True
+    tie_embeddings: bool = True
+    head_transform: bool = False
+    logit_softcap: float | None = None
+    head: MatrixInit | None = None  # the untied head's init; None when tied (it is the token embedding)
     source: str | None = field(default=None, compare=False)
     notes: tuple[str, ...] = field(default=(), compare=False)  # what an import could not model
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
@@ -84,6 +91,13 @@ class Spec:
     def gain(self, matrix: str) -> float:
         """std^2 x fan-in: the factor a matrix multiplies a per-coordinate second moment by."""
         return self.init[matrix].std ** 2 * self.fan_in(matrix)
+
+    @property
+    def head_init(self) -> MatrixInit:
+        """The output matrix's init: the token embedding's when tied (no bias), else init.head."""
+        if self.tie_embeddings or self.head is None:
+            return MatrixInit(self.init["embedding"].std)
+        return self.head
 
     def qk_std_for_beta(self, beta: float) -> float:
         """Per-matrix Q/K std realising Giorlandino-Goldt's beta: s_Q s_K d scale sqrt(d_head) = beta sqrt(ln T)."""
@@ -108,15 +122,20 @@ class Spec:
         skip = ("q", "k") if self.qk_beta is not None else ()  # they follow from qk_beta
         init: dict[str, Any] = {m: {"std": i.std, "bias_std": i.bias_std}
                                 for m, i in self.init.items() if m not in skip}
+        if not self.tie_embeddings and self.head is not None:
+            init["head"] = {"std": self.head.std, "bias_std": self.head.bias_std}
         init["qk_beta"] = self.qk_beta
         return {
+            "version": VERSION,
             "name": self.name,
             "model": {
                 "layers": self.layers, "d_model": self.d_model, "heads": self.heads, "kv_heads": self.kv_heads,
                 "d_ff": self.d_ff, "norm": self.norm, "norm_type": self.norm_type, "attention": self.attention,
                 "out_proj": self.out_proj, "causal": self.causal, "activation": self.activation,
                 "softmax_scale": self.softmax_scale, "embedding_norm": self.embedding_norm,
-                "parallel_residual": self.parallel_residual,
+                "parallel_residual": self.parallel_residual, "final_norm": self.final_norm,
+                "tie_embeddings": self.tie_embeddings, "head_transform": self.head_transform,
+                "logit_softcap": self.logit_softcap,
             },
             "sequence": {
                 "length": self.seq_len, "vocab": self.vocab,
@@ -146,22 +165,25 @@ THRESHOLDS = {
     "grad_vanish": 1e-3,  # ... below this: vanishing (error)
     "qk_grad_ratio_min": 1e-4,  # Noci query/key-to-value gradient ratio below this: vanishing Q/K gradient
     "forward_ratio_max": 1e6,  # q_L / q_1 above this or below its inverse: forward variance explodes or dies
+    "initial_loss_excess": 1.0,  # expected step-0 loss above ln V by more than this (nats): over-confident logits
 }
 
 THRESHOLD_RANGE = (1e-12, 1e12)
 _MATRIX = {"std": "pos", "gain": "pos", "bias_std": "nonneg"}
 _RES = {"skip": "nonneg", "block": "nonneg"}
 SCHEMA: dict[str, Any] = {
+    "version": (VERSION,),
     "name": "str",
     "model": {
         "layers": "posint", "d_model": "posint", "heads": "posint", "kv_heads": "posint", "d_ff": "posint",
         "norm": NORMS, "norm_type": NORM_TYPES, "attention": ATTENTIONS, "out_proj": "bool", "causal": "bool",
         "activation": ACTIVATIONS, "softmax_scale": "pos?", "embedding_norm": "bool?", "parallel_residual": "bool",
+        "final_norm": "bool", "tie_embeddings": "bool", "head_transform": "bool", "logit_softcap": "pos?",
     },
     "sequence": {"length": "posint", "vocab": "posint", "input_correlation": "corr", "embeddings": "embeddings"},
     "dropout": "prob",
     "attention_dropout": "prob",
-    "init": {"std": "pos", "qk_beta": "pos?", **{m: _MATRIX for m in MATRICES}},
+    "init": {"std": "pos", "qk_beta": "pos?", **{m: _MATRIX for m in MATRICES}, "head": _MATRIX},
     "residual": {"attention": _RES, "mlp": _RES},
     "thresholds": {k: "threshold" for k in THRESHOLDS},
     "select": "codes",
@@ -289,6 +311,8 @@ def _check_value(v: Any, kind: Any, key: str, lines: dict[str, int], fname: str)
         return _fail(msg, key, lines, fname)
 
     if isinstance(kind, tuple):
+        if key == "version" and not any(v == k and type(v) is type(k) for k in kind):  # true and 1.0 are not 1
+            raise bad(f"unsupported spec format version {repr(v)[:40]} (this initadvisor reads version {VERSION})")
         if v not in kind:
             close = difflib.get_close_matches(str(v), kind, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -390,13 +414,19 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
     scale = 1.0 / math.sqrt(d // heads) if scale is None else float(scale)
     fan = {"ff_out": d_ff, "embedding": 1}
     default_std = float(ini.get("std", 0.02))
-    init: dict[str, MatrixInit] = {}
-    for mat in MATRICES:
+
+    def matrix(mat: str) -> MatrixInit:
         e = ini.get(mat, {})
         if "std" in e and "gain" in e:
             raise _fail("give either std or gain, not both", f"init.{mat}", lines, fname)
         std = math.sqrt(e["gain"] / fan.get(mat, d)) if "gain" in e else float(e.get("std", default_std))
-        init[mat] = MatrixInit(std=std, bias_std=float(e.get("bias_std", 0.0)))
+        return MatrixInit(std=std, bias_std=float(e.get("bias_std", 0.0)))
+
+    init = {mat: matrix(mat) for mat in MATRICES}
+    tied = m.get("tie_embeddings", True)
+    if tied and "head" in ini:
+        raise _fail("the head is the token embedding (model.tie_embeddings: true), so init.embedding sets it; "
+                    "set model.tie_embeddings: false to give the head its own init", "init.head", lines, fname)
     qk_beta = ini.get("qk_beta")
     if qk_beta is not None and ("q" in ini or "k" in ini):
         raise _fail("give either qk_beta or q/k, not both", "init.qk_beta", lines, fname)
@@ -420,6 +450,9 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
                     **{k: float(v) for k, v in data.get("thresholds", {}).items()}},
         select=tuple(c.upper() for c in data.get("select", project.get("select", []))),
         ignore=tuple(c.upper() for c in data.get("ignore", project.get("ignore", []))),
+        final_norm=m.get("final_norm", norm != "none"), tie_embeddings=tied, head_transform=m.get("head_transform", False),
+        logit_softcap=None if m.get("logit_softcap") is None else float(m["logit_softcap"]),
+        head=None if tied else matrix("head"),
         source=None if fname == "<spec>" else fname, lines=dict(lines),
     )
     try:

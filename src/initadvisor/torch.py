@@ -44,7 +44,7 @@ from initadvisor.families import ATTN_DROPOUT_KEYS, BLOCK_PATHS
 from initadvisor.simulate import mean_se, ratio_se
 
 __all__ = ["measure", "find_blocks", "reinit", "sample_tokens", "measure_spec", "measure_hf_config", "apply",
-           "SpecModel", "OpModule"]
+           "SpecModel", "OpModule", "audit"]
 
 
 def find_blocks(model: nn.Module) -> nn.ModuleList:
@@ -248,7 +248,7 @@ def measure(
     own value at index L), ipr, ipr_thirds (length L, when attentions are returned),
     each X with X_se (over the seeds x batch sequences taken as independent), plus n, seeds, batch, layers,
     tokens, attn_dropout, and per_seed: one dict of per-seed means (q, p, grad_q, grad_p[, ipr]) per seed, for
-    standard errors over seeds (`initadvisor.verify.pool_seeds`)."""
+    standard errors over seeds (`initadvisor.verification.pool_seeds`)."""
     if seeds < 1 or batch < 1:
         raise ValueError("seeds and batch must be >= 1")
     if seq_len < 2:
@@ -402,3 +402,10 @@ def apply(model: nn.Module, recommendation: dict) -> list[dict[str, Any]]:
     done = init_matrices(model, std, bias_std, RULES, heads)  # the snippet's own function
     return [{"module": n, "role": role, "std_before": before.get(n),
              "std_after": float(modules[n].weight.detach().float().std())} for n, role in done.items()]
+
+
+def audit(model: nn.Module, config=None, truncation: float | None = None):
+    """Audit a live model's initialisation against the intended one: `initadvisor.audit.audit`."""
+    from initadvisor.audit import audit as run
+
+    return run(model, config, truncation)

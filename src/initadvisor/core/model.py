@@ -115,7 +115,10 @@ def _stack(xs: list, shape: tuple) -> np.ndarray:
     """Stack per-layer values into (n, *shape), broadcasting only when a value's shape differs."""
     if all(np.shape(x) == shape for x in xs):
         return np.array(xs, dtype=float)
-    return np.array([np.broadcast_to(x, shape) for x in xs], dtype=float)
+    out = np.empty((len(xs), *shape))
+    for i, x in enumerate(xs):
+        out[i] = x
+    return out
 
 
 def propagate_causal(stack: Stack, keep_overlap: bool = False):

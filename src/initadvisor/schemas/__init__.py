@@ -49,7 +49,7 @@ def _kind(kind: Any, key: str) -> dict[str, Any]:
         "prob": lambda: _number(0, 1),
         "corr": lambda: {"anyOf": [{"const": "auto"}, _number(0, 1)]},
         "threshold": lambda: _number(*THRESHOLD_RANGE, hi_open=False),
-        "codes": lambda: {"type": "array", "items": {"type": "string", "pattern": "^[Ii][Aa][0-9]*$"}},
+        "codes": lambda: {"type": "array", "items": {"type": "string", "pattern": "^[Ii]([Aa][0-9]*)?$"}},
         "embeddings": lambda: {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"enum": list(EMBEDDINGS)}},
     }
     if kind not in table:

@@ -15,7 +15,7 @@ import numpy as np
 from initadvisor.core import gradients as G
 from initadvisor.core.deepscalelm import dslm_init
 from initadvisor.core.model import Stack, Trace, propagate
-from initadvisor.diagnose import analyse, diagnose, verdict
+from initadvisor.diagnose import Analysis, analyse, diagnose, verdict
 from initadvisor.init_code import render, residual_instructions
 from initadvisor.numbers import clean, overflow_findings, show, status
 from initadvisor.spec import MatrixInit, Residual, Spec, SpecError, build_spec
@@ -24,6 +24,7 @@ from initadvisor.stack import from_spec, input_correlation, spec_beta
 BETA_MARGIN = 0.8  # recommended beta = 0.8 x beta_c,min / 2: inside the sharp (Gaussian) regime of 001 B.3
 ALPHA_CEILING = 16.0  # alpha_c is searched in [0, 16]
 ALPHA_MARGIN = 1.1  # the critical recipe's skip: the given one if above alpha_c, else 1.1 alpha_c
+ALPHA_RTOL = 1e-9  # alpha_c: the good end of a bracket [bad, good] narrower than ALPHA_RTOL x alpha_c
 PATCH_ORDER = ("critical", "deepscalelm-simplified", "gpt2", "deepnorm", "t-fixup", "as-given")
 
 
@@ -40,9 +41,6 @@ class Recipe:
     def stack(self) -> Stack:
         """The recipe's own per-layer model: every analysis of the recipe runs on it."""
         return from_spec(self.spec, self.per_layer)
-
-    def run(self) -> Trace:
-        return propagate(self.stack())
 
 
 def _with_init(spec: Spec, **stds: float) -> Spec:
@@ -68,24 +66,54 @@ def max_rho(spec: Spec, **over) -> np.ndarray:
 
 def alpha_c(spec: Spec, rho_max: float, which: str = "skip_a") -> tuple[float | None, str]:
     """Smallest skip strength (block kept) with rho < rho_max at every layer (001 Fig. 1c), or None and why."""
-    from scipy.optimize import brentq
-
     grid = np.linspace(0.0, ALPHA_CEILING, 321)
-    ok = max_rho(spec, **{which: grid}) < rho_max
-    if not ok.any():
+    a = first_crossing(lambda x: max_rho(spec, **{which: x}) - rho_max, grid)
+    if a is None:
         return None, f"no skip strength up to {ALPHA_CEILING:g} keeps rho below {rho_max} at every layer"
-    i = int(np.argmax(ok))
-    if i == 0:
+    if a == 0:
         return 0.0, "rho stays below the threshold even without this skip connection"
-    f = lambda a: float(max_rho(spec, **{which: a})) - rho_max  # noqa: E731
-    return float(brentq(f, grid[i - 1], grid[i], xtol=1e-6)), "brentq on max_l rho_l(alpha) = rho_max"
+    return a, f"max_l rho_l(alpha) = rho_max, bracketed to {ALPHA_RTOL:g}"
 
 
-def beta_recommendation(spec: Spec) -> tuple[float, np.ndarray]:
-    """beta = BETA_MARGIN x min_l beta_c,l / 2, with beta_c at the geometry that beta itself produces."""
-    beta = float(spec_beta(spec))
-    for _ in range(3):  # fixed point: beta_c depends weakly on beta through the IPR
-        t = propagate(from_spec(spec, beta=beta), backward=False)
+def first_crossing(excess, grid: np.ndarray, rtol: float = ALPHA_RTOL) -> float | None:
+    """The first point of `grid` where the vectorised excess(x) < 0 (None if there is none), moved down to
+    within rtol (relative) of the crossing before it: each step evaluates, as one batch, an even spread over the
+    bracket [bad, good] and points ever closer to its inverse-interpolated crossing, and keeps the first good one."""
+    x, f = grid, excess(grid)
+    if not (f < 0).any():
+        return None
+    k = int(np.argmax(f < 0))
+    while k and x[k] - x[k - 1] > rtol * x[k]:
+        lo, hi = x[k - 1], x[k]
+        est = _inverse_interpolation(x[max(k - 2, 0):k + 2], f[max(k - 2, 0):k + 2])
+        if not lo < est < hi:
+            est = lo + (hi - lo) * f[k - 1] / (f[k - 1] - f[k])  # secant
+        near = (hi - lo) * 2.0 ** -np.arange(1, 24)
+        a = np.unique(np.concatenate([est - near, [est], est + near, np.linspace(lo, hi, 17)]))
+        a = a[(a > lo) & (a < hi)]
+        if not a.size:
+            break
+        fa = excess(a)
+        x, f = np.insert(x, k, a), np.insert(f, k, fa)
+        k += int(np.argmax(fa < 0)) if (fa < 0).any() else a.size
+    return float(x[k])
+
+
+def _inverse_interpolation(x: np.ndarray, f: np.ndarray) -> float:
+    """x at f = 0 on the polynomial x(f) through the points, where f falls strictly (else nan)."""
+    if not np.all(np.diff(f) < 0):
+        return math.nan
+    w = [math.prod(-f[n] / (f[m] - f[n]) for n in range(f.size) if n != m) for m in range(f.size)]
+    return float(np.dot(w, x))
+
+
+def beta_recommendation(spec: Spec, first: Trace | None = None) -> tuple[float, np.ndarray]:
+    """beta = BETA_MARGIN x min_l beta_c,l / 2, with beta_c at the geometry that beta itself produces;
+    `first`: the spec's own trace (the fixed point's first step), when already run."""
+    beta, t = float(spec_beta(spec)), first
+    for i in range(3):  # fixed point: beta_c depends weakly on beta through the IPR
+        if i or t is None:
+            t = propagate(from_spec(spec, beta=beta), backward=False)
         beta = BETA_MARGIN * float(t.beta_c.min()) / 2
     return beta, t.beta_c
 
@@ -168,13 +196,19 @@ def recipe_tfixup(spec: Spec) -> Recipe:
                   "N(0, d^-1/2) scaled by (9N)^(-1/4)", "Huang et al. 2020 (T-Fixup), sec. 3.3", s)
 
 
-def recipe_admin(spec: Spec) -> Recipe:
-    """Post-LN with skip omega_i = sqrt(sum_{j<i} Var f_j): branch variances profiled by the engine."""
+def admin_spec(spec: Spec) -> Spec:
+    """Admin's block: post-LN, embedding norm, sequential."""
+    return replace(spec, norm="post", embedding_norm=True, parallel_residual=False)
+
+
+def recipe_admin(spec: Spec, base: Trace | None = None) -> Recipe:
+    """Post-LN with skip omega_i = sqrt(sum_{j<i} Var f_j): branch variances profiled by the engine on
+    admin_spec's stack (`base`: its forward trace, when already run)."""
     from initadvisor.core.ops import MLP, Attention, Dropout
 
-    s = replace(spec, norm="post", embedding_norm=True, parallel_residual=False)
-    net = Recipe("admin", "", "", s).stack()
-    base = propagate(net)
+    s = admin_spec(spec)
+    net = from_spec(s)
+    base = propagate(net, backward=False) if base is None else base
     P = net.layers[0]
     att = Attention(P).moments(base.att_q, base.att_p)
     var_att = P.block_a**2 * Dropout(P.dropout).moments(att[0], att[1])[0]
@@ -190,12 +224,12 @@ def recipe_admin(spec: Spec) -> Recipe:
 # ---------------------------------------------------------------------------------------------
 
 
-def _summary(r: Recipe) -> dict:
+def _summary(r: Recipe, a: Analysis | None) -> dict:
+    """The recipe's row, from the analysis of its stack (None: undefined)."""
     if r.undefined:
         return {"name": r.name, "formula": r.formula, "source": r.source, "final_rho": None, "max_rho": None,
                 "worst_beta_ratio": None, "grad_ratio": None, "grad_ratio_blocks": None, "verdict": "undefined",
                 "findings": [], "notes": [r.undefined, *r.notes]}
-    a = analyse(r.spec, r.stack())
     t, law = a.trace, a.growth["gradient"]
     findings = diagnose(r.spec, a)
     return {"name": r.name, "formula": r.formula, "source": r.source, "final_rho": _f(t.rho[-1]),
@@ -214,20 +248,22 @@ def recommend(spec: Spec, rho_max: float = 0.99, k: float = 2.0, alpha_mlp: bool
     if k >= spec.layers:  # lambda^2 = 1 - k/N must stay positive
         k_caveat = [f"k = {k:g} is not below N = {spec.layers}: DeepScaleLM uses k = N/2 = {spec.layers / 2:g}"]
         k = spec.layers / 2
-    beta, bc = beta_recommendation(spec)
+    given = Recipe("as-given", "the spec unchanged", spec.source or "", spec)
+    first = analyse(spec, given.stack())
+    beta, bc = beta_recommendation(spec, first.trace)
     qk_std = None if status(beta, positive=True) else spec.qk_std_for_beta(beta)
     a_c, a_how = alpha_c(spec if qk_std is None else _with_init(spec, q=qk_std, k=qk_std), rho_max)
     a_m, a_m_how = alpha_c(spec, rho_max, "skip_m") if alpha_mlp else (None, "not requested (--alpha-mlp)")
-    critical = recipe_critical(spec, beta, a_c)
-    t = critical.run()
+    ds, dss = dslm(spec, k), dslm(spec, k, simplified=True)
+    recipes = [given, recipe_critical(spec, beta, a_c), recipe_deepscalelm(spec, ds), recipe_deepscalelm(spec, dss),
+               recipe_gpt2(spec), recipe_deepnorm(spec), recipe_tfixup(spec),
+               recipe_admin(spec, first.trace if admin_spec(spec) == spec else None)]
+    analyses = [first] + [None if r.undefined else analyse(r.spec, r.stack()) for r in recipes[1:]]
+    t = (first if analyses[1] is None else analyses[1]).trace  # an undefined critical recipe: the spec
     taus = G.balancing_tau(t.att_q, t.att_p / t.att_q, spec.seq_len, spec.d_model)
     tau = float(np.median(taus))
     tau_beta = tau / math.sqrt(math.log(spec.seq_len))
-    ds, dss = dslm(spec, k), dslm(spec, k, simplified=True)
-    recipes = [Recipe("as-given", "the spec unchanged", spec.source or "", spec), critical,
-               recipe_deepscalelm(spec, ds), recipe_deepscalelm(spec, dss), recipe_gpt2(spec),
-               recipe_deepnorm(spec), recipe_tfixup(spec), recipe_admin(spec)]
-    rows = [_summary(r) for r in recipes]
+    rows = [_summary(r, a) for r, a in zip(recipes, analyses)]
     patched, chosen = _patched(recipes, rows)
     rep = {
         "schema": "initadvisor.recommend/1",

@@ -216,34 +216,24 @@ def classify(max_rho, max_beta_ratio, rank_collapse_rho: float) -> np.ndarray:
 
 
 def alpha_c(spec, rho_max: float, field: str = "skip_a", beta: float | None = None,
-            ceiling: float = 16.0, tol: float = 1e-7) -> float | None:
-    """Smallest skip strength with rho < rho_max at every layer (recommend.alpha_c), by vectorised grid
-    refinement instead of brentq: three or four engine passes of 65 points each."""
+            ceiling: float = 16.0) -> float | None:
+    """Smallest skip strength with rho < rho_max at every layer: recommend.alpha_c's search
+    (recommend.first_crossing) on the streamed sweep."""
+    from initadvisor.recipes import first_crossing
+
     base = {} if beta is None else {"beta": np.full(1, beta)}
     net = from_spec(spec)
 
-    def ok(a: np.ndarray) -> np.ndarray:
+    def excess(a: np.ndarray) -> np.ndarray:
         over = {field: a, **{k: np.broadcast_to(v, a.shape) for k, v in base.items()}}
-        return sweep(net, over, spec.layers)["max_rho"] < rho_max
+        return sweep(net, over, spec.layers)["max_rho"] - rho_max
 
-    grid = np.linspace(0.0, ceiling, 321)
-    good = ok(grid)
-    if not good.any():
-        return None
-    i = int(np.argmax(good))
-    if i == 0:
-        return 0.0
-    lo, hi = grid[i - 1], grid[i]
-    while hi - lo > tol:
-        g = np.linspace(lo, hi, 65)
-        k = int(np.argmax(ok(g)))  # g[-1] = hi is good
-        lo, hi = g[k - 1], g[k]
-    return float(hi)
+    return first_crossing(excess, np.linspace(0.0, ceiling, 321))
 
 
 def recommended_region(spec, axes: tuple[str, str]) -> dict:
     """beta < beta_c/2 and alpha >= alpha_c, with `recommend`'s beta_c (at its recommended beta)."""
-    from initadvisor.recommend import BETA_MARGIN, beta_recommendation
+    from initadvisor.recipes import BETA_MARGIN, beta_recommendation
 
     thr = spec.thresholds["rank_collapse_rho"]
     beta_rec, bc = beta_recommendation(spec)
