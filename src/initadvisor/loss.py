@@ -237,7 +237,12 @@ def initial_loss(spec, trace=None, stack=None, ct=None) -> dict:
         f = min(c / float(q), 1.0) if float(q) > 0 else 0.0
         return expected_cross_entropy(V, s, cap, s * math.sqrt(spec.d_model * f), s * math.sqrt(1.0 + f))
 
-    losses = [loss(min(qs)), loss(max(qs))] if len(qs) > 1 else [loss(qs[0])]
-    if abs(losses[-1] - losses[0]) >= 1e-7:  # the positions differ: average them all
-        losses = [loss(q) for q in qs]
+    lo, hi = float(min(qs)), float(max(qs))
+    losses = [loss(lo), loss(hi)] if len(qs) > 1 else [loss(qs[0])]
+    if abs(losses[-1] - losses[0]) >= 1e-7:  # the positions differ: average them all, the loss being smooth
+        x = np.log(np.asarray(qs, dtype=float)) if lo > 0 else np.asarray(qs, dtype=float)  # in q: interpolated
+        t = (x - x.min()) / (x.max() - x.min())  # through 5 points (degree 4) of t in [0, 1]
+        inner = x.min() + (x.max() - x.min()) * np.array([0.25, 0.5, 0.75])
+        vals = [losses[0], *(loss(math.exp(g) if lo > 0 else g) for g in inner), losses[-1]]
+        losses = np.polyval(np.polyfit(np.linspace(0.0, 1.0, 5), vals, 4), t)
     return {"expected": float(np.mean(losses)), "uniform": math.log(V), "logit_std": logit_std(spec, q_final)}
