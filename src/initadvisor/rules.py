@@ -14,9 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from initadvisor.core import gradients as G
 from initadvisor.numbers import show
 from initadvisor.spec import THRESHOLDS
 
@@ -89,13 +86,13 @@ def example(overrides: dict, base: dict | None = None) -> dict:
 # the checks: (spec, Analysis) -> findings; `layer` is the stream index (0 = input, i = after block i)
 
 
-def _rho(spec, a) -> np.ndarray:
+def _rho(spec, a):
     """rho per layer; for causal models the late third of positions, where collapse sets in first (001 C.6)."""
     return a.trace.rho if a.ct is None else a.ct.rho_thirds[:, 2]
 
 
 def _collapse_at(spec, a) -> int | None:
-    hit = np.flatnonzero(_rho(spec, a) >= spec.thresholds["rank_collapse_rho"])
+    hit = (_rho(spec, a) >= spec.thresholds["rank_collapse_rho"]).nonzero()[0]
     return int(hit[0]) if hit.size else None
 
 
@@ -130,9 +127,9 @@ def numeric_range(spec, a) -> list[Finding]:
     return []
 
 
-def _beta_ratio(a) -> tuple[np.ndarray, int]:
+def _beta_ratio(a):
     x = a.trace.beta / a.trace.beta_c
-    return x, int(np.argmax(x))
+    return x, int(x.argmax())
 
 
 def entropy_collapse(spec, a) -> list[Finding]:
@@ -180,7 +177,7 @@ def vanishing_gradient(spec, a) -> list[Finding]:
 
 def qk_gradient(spec, a) -> list[Finding]:
     t, th = a.trace, spec.thresholds["qk_grad_ratio_min"]
-    w = int(np.argmin(a.ratio))
+    w = int(a.ratio.argmin())
     if not a.ratio[w] < th:
         return []
     return [finding("IA303", f"Q/K-to-V gradient ratio {show(a.ratio[w], '.2e')} < {th:g} at block {w + 1} "
@@ -188,11 +185,13 @@ def qk_gradient(spec, a) -> list[Finding]:
 
 
 def qk_uniform_phase(spec, a) -> list[Finding]:
+    from initadvisor.core.gradients import jacobian_trace
+
     t, (x, _) = a.trace, _beta_ratio(a)
     if not x[0] < 0.5:
         return []
     return [finding("IA304", f"block 1 attends uniformly (IPR {show(t.y2[0], '.2e')}): Result 2's Q/K gradient factor "
-                             f"E tr(M^2) = {show(G.jacobian_trace(t.y2[0], t.y3[0], x[0]), '.2e')} (at most 1/12, reached "
+                             f"E tr(M^2) = {show(jacobian_trace(t.y2[0], t.y3[0], x[0]), '.2e')} (at most 1/12, reached "
                              "at beta = 2 beta_c)", 1)]
 
 
