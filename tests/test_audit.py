@@ -17,7 +17,8 @@ from torch.nn import functional as F  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from conftest import ROOT  # noqa: E402
-from initadvisor.audit import AuditError, audit, audit_config, render_audit  # noqa: E402
+from initadvisor.audit import AuditError, audit, audit_config  # noqa: E402
+from initadvisor.report import render_audit  # noqa: E402
 from initadvisor.rules import RULES  # noqa: E402
 from initadvisor.spec import SpecError  # noqa: E402
 

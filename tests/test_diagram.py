@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from initadvisor.diagnose import check
-from initadvisor.phase_diagram import PHASES, alpha_c, diagram, render_diagram
+from initadvisor.phase_diagram import PHASES, alpha_c, diagram
+from initadvisor.report import render_diagram
 from initadvisor.recipes import alpha_c as recommend_alpha_c
 from initadvisor.spec import Residual, SpecError, load_spec
 

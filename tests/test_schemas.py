@@ -75,6 +75,10 @@ def test_checks_diagram_verify_outputs_validate():
     schemas.validate(api.verify(small, seeds=2).to_dict())
     schemas.validate(api.sweep(SPECS[0], width=[64, 128]).to_dict())
     schemas.validate(api.sweep(small, depth=[1, 3]).to_dict())
+    tiny = {**small, "attention_dropout": 3.75e-202}  # a valid input below the reports' 1e-200: echoed as it is
+    for report in (api.verify(tiny, seeds=2), api.recommend(tiny), api.sweep(tiny, depth=[1, 2])):
+        schemas.validate(report.to_dict())
+        assert report.data["spec"]["attention_dropout"] == 3.75e-202
 
 
 @pytest.mark.parametrize("breakage", [

@@ -16,7 +16,8 @@ import math
 import numpy as np
 import pytest
 
-from initadvisor.coords import render_sweep, sweep
+from initadvisor.coords import sweep
+from initadvisor.report import render_sweep
 from initadvisor.core.ops import Attention, Norm, Residual, leaves, numpy_forward
 from initadvisor.errors import SpecError
 from initadvisor.simulate import init_network, make_input

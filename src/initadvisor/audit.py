@@ -673,37 +673,3 @@ def audit_config(path: str | os.PathLike, layers: int = 2, seed: int = 0) -> Aud
     report.notes.insert(0, f"built {type(model).__name__} on CPU with {layers} of the config's {full} layers "
                            f"(torch seed {seed}); the check report is for these {layers} layers")
     return report
-
-
-def _num(x: float | None, fmt: str = ".3g") -> str:
-    return "-" if x is None or not math.isfinite(x) else format(x, fmt)
-
-
-def render_audit(report: AuditReport, console) -> None:
-    """The terminal view: the per-tensor table (biases and other parameters only where a finding names them),
-    the findings, the check report's verdict, the notes."""
-    from rich.table import Table
-
-    t = Table(title=f"{report.model}: init audit against {report.intent}", show_edge=False, header_style="bold")
-    for col in ("block", "role", "tensor", "std", "intended", "factor", "mean", "max/std", "findings"):
-        t.add_column(col, justify="left" if col in ("role", "tensor", "findings") else "right")
-    for r in report.tensors:
-        if r.kind in ("bias", "param") and not r.codes:
-            continue
-        role = f"{r.role} (1 + w)" if r.convention == "1 + w" else r.role + (" bias" if r.kind == "bias" else "")
-        intended = "gain 1" if r.kind == "gain" and r.intended_mean is not None else _num(r.intended_std)
-        t.add_row(_num(r.block, "d"), role, r.name, _num(r.std), intended, _num(r.factor),
-                  _num(r.mean, ".2g"), _num(r.max_abs / r.std if r.std else None), " ".join(r.codes))
-    console.print(t)
-    color = {"error": "red", "warning": "yellow", "info": "cyan"}
-    for f in report.findings:
-        console.print(f"[{color[f.severity]}]{f.code} {f.severity}[/] {RULES[f.code].name}: ", end="")
-        console.print(f.message, markup=False, highlight=False)
-    if not report.findings:
-        console.print("no init findings: the weights are as intended", markup=False)
-    if report.check is not None:
-        codes = ", ".join(f"{f['code']} ({f['severity']})" for f in report.check["findings"]) or "no findings"
-        console.print(f"check of the spec of the weights as they are: {report.check['verdict']}: {codes}",
-                      markup=False, highlight=False)
-    for note in report.notes:
-        console.print(f"note: {note}", markup=False, highlight=False)

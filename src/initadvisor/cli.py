@@ -216,7 +216,7 @@ def verify(a) -> int:
         from initadvisor.plots import save_verify
 
         save_verify(rep.data, a.plot)
-    from initadvisor.verification import render_verify
+    from initadvisor.report import render_verify
 
     emit(rep, a.format, render_verify)
     return 0 if rep.passed else 1
@@ -238,7 +238,7 @@ AXES = ["beta", "alpha_sa", "alpha_mlp", "depth", "seq_len"]
 def diagram(a) -> int:
     """Trainability diagram (001 Fig. 1c): rank collapse, entropy collapse or trainable over a grid."""
     from initadvisor import api
-    from initadvisor.phase_diagram import render_diagram
+    from initadvisor.report import render_diagram
 
     output_path(a.png, "--png", figures=True)
     output_path(a.svg, "--svg", figures=True)
@@ -271,7 +271,7 @@ def int_list(text: str) -> list[int]:
 def sweep(a) -> int:
     """Analytic coordinate check: each module's output size at init over widths or depths, exponents fitted."""
     from initadvisor import api
-    from initadvisor.coords import render_sweep
+    from initadvisor.report import render_sweep
 
     output_path(a.png, "--png", figures=True)
     output_path(a.svg, "--svg", figures=True)
@@ -314,7 +314,8 @@ def audit(a) -> int:
             from initadvisor.errors import MissingExtraError
 
             raise MissingExtraError("audit", extra, package) from None
-    from initadvisor.audit import audit_config, render_audit
+    from initadvisor.audit import audit_config
+    from initadvisor.report import render_audit
 
     rep = audit_config(a.config, layers=a.layers, seed=a.seed)
     if a.format == "json":

@@ -18,7 +18,7 @@ from initadvisor.core.model import propagate
 from initadvisor.core.ops import Attention, Residual, causal_forward, leaves, moments_forward
 from initadvisor.diagnose import notes as causal_notes, resolvable
 from initadvisor.errors import UsageError
-from initadvisor.numbers import LIMIT, clean, show
+from initadvisor.numbers import LIMIT, clean
 from initadvisor.spec import MAX_INT
 from initadvisor.stack import from_spec
 
@@ -199,27 +199,3 @@ def _slope(x: list[int], rms: list) -> float | None:
         return None
     slope = float(np.polyfit(np.log(x), np.log(rms), 1)[0])
     return round(slope, 6) + 0.0 if math.isfinite(slope) else None  # + 0.0: no "-0.000"
-
-
-def render_sweep(result: dict, console) -> None:
-    """The sweep as a table: one row per configuration, RMS and mean |x| per module, the exponents below."""
-    from rich.table import Table
-
-    console.width = max(console.width, 150)  # eleven numeric columns: wrap rather than truncate them
-    spec, axis = result["spec"], result["axis"]
-    console.print(f"[bold]initadvisor sweep[/]: {spec['name']}  coordinate check at init over {axis} "
-                  f"{', '.join(map(str, result['values']))}")
-    for line in (result["held"], *result["notes"]):
-        console.print(f"[dim]{line}[/]")
-    t = Table(show_edge=False, header_style="bold")
-    t.add_column(axis, justify="right")
-    for m in MODULES:
-        t.add_column(f"{m} rms", justify="right")
-        t.add_column("mean|x|", justify="right")
-    for c in result["configs"]:
-        t.add_row(str(c["value"]), *(show(c["modules"][m][k], ".4g") for m in MODULES for k in ("rms", "mean_abs")))
-    t.add_row("[bold]exponent[/]", *(x for m in MODULES for x in (show(result["exponents"][m], "+.3f"), "")))
-    console.print(t)
-    for m, what in MODULES.items():
-        console.print(f"[dim]{m}: {what}[/]")
-    console.print(f"[dim]exponent: {result['fit']}[/]")

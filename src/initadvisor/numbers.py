@@ -38,11 +38,16 @@ def show(x: float | None, spec: str = ".3g", positive: bool = False) -> str:
     return {"overflows": "> 10^200", "underflows": "< 10^-200"}.get(why, "undefined")
 
 
+SPECS = ("spec", "patched_spec")  # validated specs, the user's own numbers (a dropout of 1e-250 is a valid input)
+
+
 def clean(obj, path: str = "", key: str = "", out: list | None = None):
-    """(obj with unreportable floats replaced by None, [(json path, why)]); walks dicts and lists."""
+    """(obj with unreportable floats replaced by None, [(json path, why)]); walks dicts and lists, but not the
+    specs a report echoes."""
     out = [] if out is None else out
     if isinstance(obj, dict):
-        return {k: clean(v, f"{path}.{k}" if path else k, k, out)[0] for k, v in obj.items()}, out
+        return {k: v if k in SPECS else clean(v, f"{path}.{k}" if path else k, k, out)[0]
+                for k, v in obj.items()}, out
     if isinstance(obj, (list, tuple)):
         return [clean(v, f"{path}[{i}]", key, out)[0] for i, v in enumerate(obj)], out
     if isinstance(obj, float) or (hasattr(obj, "dtype") and getattr(obj, "ndim", 1) == 0):

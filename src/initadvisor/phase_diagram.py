@@ -34,7 +34,7 @@ The depth axis runs the deepest stack once and reads each depth's prefix (rho at
 stack equals the shallower model's). The grid is streamed through the blocks in chunks, keeping only
 running maxima: propagate() would also store every cache and per-layer array (a GB at 256 x 256 x 100).
 
-`render_diagram(result, console)` draws the result with rich; `initadvisor.plots.save_diagram` with
+`initadvisor.report.render_diagram(result, console)` draws the result with rich; `initadvisor.plots.save_diagram` with
 matplotlib.
 """
 
@@ -47,7 +47,7 @@ import numpy as np
 
 from initadvisor.core.model import Stack, propagate
 from initadvisor.core.ops import Attention, find, moments_forward
-from initadvisor.numbers import clean, overflow_findings, show
+from initadvisor.numbers import clean, overflow_findings
 from initadvisor.errors import UsageError
 from initadvisor.stack import from_spec, spec_beta
 
@@ -320,132 +320,3 @@ def _grid_json(a: np.ndarray) -> list:
     if np.isfinite(a).all():
         return a.tolist()
     return [[float(v) if math.isfinite(v) else None for v in row] for row in a.tolist()]
-
-
-# ---------------------------------------------------------------------------------------------
-# Terminal rendering (rich)
-
-COLORS = {"trainable": "#3b7dd8", "rank_collapse": "#f2c12e", "entropy_collapse": "#d64541"}  # shared with plots
-NAMES = {"trainable": "trainable", "rank_collapse": "rank collapse", "entropy_collapse": "entropy collapse"}
-_CORNER = {("R", "D"): "┘", ("R", "U"): "┐", ("L", "D"): "└", ("L", "U"): "┌"}
-
-
-def _edge_glyph(mask: np.ndarray, r: int, c: int) -> str:
-    """Boundary glyph of a region cell (row r counts upwards); the plot's own edges are not boundaries."""
-    h, w = mask.shape
-
-    def out(rr: int, cc: int) -> bool:
-        return 0 <= rr < h and 0 <= cc < w and not mask[rr, cc]
-
-    right, left, up, down = out(r, c + 1), out(r, c - 1), out(r + 1, c), out(r - 1, c)
-    side = "R" if right else "L" if left else None
-    vert = "U" if up else "D" if down else None
-    if side and vert:
-        return _CORNER[(side, vert)]
-    return "│" if side else "─" if vert else " "
-
-
-def _sample(n_src: int, n_dst: int) -> np.ndarray:
-    return np.unique(np.round(np.linspace(0, n_src - 1, n_dst)).astype(int)) if n_dst < n_src else np.arange(n_src)
-
-
-def _fmt(v) -> str:
-    return f"{v:d}" if isinstance(v, int) else show(v)
-
-
-def _region_mask(result: dict, xs: list, ys: list) -> np.ndarray | None:
-    """Recommended region on the rendered grid, or None when neither axis carries one of its limits."""
-    rec = result.get("recommended") or {}
-    limits = []  # (axis index 0 = x / 1 = y, value, side)
-    for k, name in enumerate((result["x"]["name"], result["y"]["name"])):
-        if name == "beta" and rec.get("beta_max") is not None:
-            limits.append((k, rec["beta_max"], "below"))
-        if name in ("alpha_sa", "alpha_mlp") and rec.get(f"{name}_min") is not None:
-            limits.append((k, rec[f"{name}_min"], "above"))
-    if not limits:
-        return None
-    X, Y = np.meshgrid(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float))
-    mask = np.ones(X.shape, dtype=bool)
-    for k, v, side in limits:
-        A = X if k == 0 else Y
-        mask &= (A < v) if side == "below" else (A >= v)
-    return mask
-
-
-def render_diagram(result: dict, console, max_width: int | None = None, max_height: int = 32) -> None:
-    """A coloured character grid: one cell per (sampled) grid point, y upwards, with the spec's point (●),
-    the recommended region's boundary and a legend."""
-    from rich.text import Text
-
-    xa, ya = result["x"], result["y"]
-    phase = result["phase"]
-    ny, nx = len(ya["values"]), len(xa["values"])
-    ylabels = [_fmt(v) for v in ya["values"]]
-    lw = max(len(s) for s in ylabels)
-    width = (max_width or console.width) - lw - 3 - len(xa["name"]) - 3
-    ix = _sample(nx, max(8, min(width, 96)))
-    iy = _sample(ny, max(6, min(max_height, len(ix) // 2 + 1)))
-    xs = [xa["values"][i] for i in ix]
-    ys = [ya["values"][j] for j in iy]
-    mask = _region_mask(result, xs, ys)
-    sp = result.get("spec_point") or {}
-    px = py = None
-    if sp and xs[0] <= sp["x"] <= xs[-1] and ys[0] <= sp["y"] <= ys[-1]:
-        px = int(np.argmin(np.abs(_scaled(xs, xa["scale"]) - _scaled([sp["x"]], xa["scale"])[0])))
-        py = int(np.argmin(np.abs(_scaled(ys, ya["scale"]) - _scaled([sp["y"]], ya["scale"])[0])))
-    title = (f"[bold]trainability diagram[/]  {result.get('spec_name', '')}  ({result.get('layers', '?')} layers): "
-             f"{xa['name']} x {ya['name']}, {nx} x {ny} points")
-    console.print(title)
-    console.print(f"{'':>{lw}} [bold]{ya['name']}[/]  [dim]({ya['label']}, {ya['scale']})[/]")
-    label_rows = {len(iy) - 1, 0, (len(iy) - 1) // 2}
-    for r in range(len(iy) - 1, -1, -1):
-        j = iy[r]
-        line = Text(f"{ylabels[j] if r in label_rows else '':>{lw}} ┤ " if r in label_rows else f"{'':>{lw}} │ ")
-        for c, i in enumerate(ix):
-            ph = phase[j][i]
-            ch, fg = " ", "black"
-            if mask is not None and mask[r, c]:
-                ch = _edge_glyph(mask, r, c)
-                fg = "bold white"
-            if r == py and c == px:
-                ch, fg = "●", "bold white"
-            line.append(ch, style=f"{fg} on {COLORS[ph]}")
-        console.print(line)
-    axis = f"{'':>{lw}} └─" + "─" * len(ix)
-    console.print(axis)
-    left, mid, right = _fmt(xs[0]), _fmt(xs[len(xs) // 2]), _fmt(xs[-1])
-    n = len(ix)
-    ticks = [" "] * (n + 12)
-    used = -1  # labels are placed left to right and never overlap (a narrow grid shows fewer)
-    for pos, s in ((0, left), (n // 2 - len(mid) // 2, mid), (n - len(right), right)):
-        pos = max(pos, used + 2 if used >= 0 else 0)
-        if pos + len(s) <= len(ticks):
-            ticks[pos:pos + len(s)] = list(s)
-            used = pos + len(s) - 1
-    console.print(f"{'':>{lw}}   " + "".join(ticks).rstrip() + f"   [bold]{xa['name']}[/]")
-    console.print(f"{'':>{lw}}   [dim]x: {xa['label']}, {xa['scale']}[/]")
-    legend = Text("  ")
-    counts = result.get("counts", {})
-    total = max(1, nx * ny)
-    for ph in PHASES:
-        legend.append("  ", style=f"on {COLORS[ph]}")
-        legend.append(f" {NAMES[ph]} {100 * counts.get(ph, 0) / total:.0f}%   ")
-    console.print(legend)
-    if sp:
-        where = "" if px is not None else "  [dim](outside the plotted ranges)[/]"
-        console.print(f"  ● the spec: {xa['name']} = {_fmt(sp['x'])}, {ya['name']} = {_fmt(sp['y'])}{where}")
-    rec = result.get("recommended")
-    if rec:
-        parts = [f"beta < beta_c/2 = {show(rec['beta_max'])}"]
-        if rec.get("alpha_sa_min") is not None:
-            parts.append(f"alpha_sa >= alpha_c = {show(rec['alpha_sa_min'])}")
-        if rec.get("alpha_mlp_min") is not None:
-            parts.append(f"alpha_mlp >= {show(rec['alpha_mlp_min'])}")
-        drawn = "outlined" if mask is not None and mask.any() else "not on these axes"
-        console.print(f"  recommended region ({drawn}): " + " and ".join(parts)
-                      + f"  [dim](rho < {rec['rho_max']:g}; `initadvisor recommend`)[/]")
-
-
-def _scaled(v, scale: str) -> np.ndarray:
-    a = np.asarray(v, dtype=float)
-    return np.log(a) if scale == "log" else a

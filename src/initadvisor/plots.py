@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from initadvisor.phase_diagram import COLORS, NAMES, PHASES
+from initadvisor.phase_diagram import PHASES
+from initadvisor.report import COLORS, NAMES
 
 GREEK = {"beta": r"$\beta$ (Q/K scale, Giorlandino-Goldt)", "alpha_sa": r"$\alpha_{SA}$ (attention skip)",
          "alpha_mlp": r"$\alpha_{MLP}$ (MLP skip)", "depth": "depth (blocks)", "seq_len": "sequence length $T$"}

@@ -1,6 +1,11 @@
-"""Presentation: the rich terminal report of `check` (JSON is printed by the CLI as it is)."""
+"""The terminal presentation of every command (rich): check, recommend, verify, diagram, sweep, audit. The JSON is
+the report itself (`.to_json()`), the CI formats are in initadvisor.formats and the pictures in initadvisor.plots."""
 
 from __future__ import annotations
+
+import math
+
+import numpy as np
 
 from initadvisor.numbers import show
 
@@ -123,3 +128,240 @@ def render_recommend(rep: dict, console) -> None:
     console.print(Syntax(rep["init_weights"], "python", theme="ansi_dark", word_wrap=True))
     for line in rep["residual_instructions"]:
         console.print(f"[dim]residual:[/] {line}")
+
+
+def render_verify(rep: dict, console) -> None:
+    from rich.table import Table
+
+    from initadvisor.verification import GATED
+
+    m = rep["measurement"]
+    console.width = max(console.width, 160)  # fifteen numeric columns: wrap rather than truncate them
+    console.print(f"[bold]initadvisor verify[/]: {rep['spec']['name']}  backend {m['backend']}, {m['seeds']} seeds x "
+                  f"{m['batch']} sequence{'' if m['batch'] == 1 else 's'}, {m['seconds']:.1f} s")
+    t = Table(show_edge=False, header_style="bold")
+    for col in ("layer", "rho theory", "rho MC", "err", "z", "q theory", "q MC", "rel err", "z", "grad theory",
+                "grad MC", "rel err", "z", "IPR theory", "IPR MC"):
+        t.add_column(col, justify="right")
+    colour = {"fail": "red", "inconclusive": "yellow"}
+
+    def cell(r, key, what):
+        c = r.get(key)
+        if c is None or c.get(what) is None:
+            return "-"
+        v = c[what]
+        s = f"{v:+.3f}" if what == "error" else (f"{v:+.1f}" if abs(v) < 100 else f"{v:+.0f}") if what == "z" \
+            else f"{v:.4g}"
+        hue = colour.get(c.get("status", "pass" if c["ok"] else "fail")) if key in GATED else None
+        return f"[{hue}]{s}[/]" if hue and what in ("error", "z") else s
+
+    shown = set(_rows_to_show(len(rep["layers"]), 16))
+    off = sorted({i for v in (*rep.get("failed", {}).values(), *rep.get("inconclusive", {}).values()) for i in v})
+    shown |= set(off[:8])  # a few of the layers that did not pass, if the even spacing skipped them
+    for i in sorted(shown):
+        r = rep["layers"][i]
+        t.add_row(str(i), *(cell(r, k, w) for k, ws in (("rho", ("theory", "measured", "error", "z")),
+                                                        ("q", ("theory", "measured", "error", "z")),
+                                                        ("grad_q", ("theory", "measured", "error", "z")),
+                                                        ("ipr", ("theory", "measured"))) for w in ws))
+    console.print(t)
+    e, z = rep["max_error"], rep.get("max_z", {})
+    hue = {"pass": "green", "fail": "red"}.get(rep["verdict"], "yellow")
+
+    def zs(k):
+        return "" if z.get(k) is None else f" (max |z| {z[k]:.3g})"
+
+    console.print(f"max |error|: rho {show(e['rho'])}{zs('rho')} (tol {rep['tol']}), q {show(e['q'], '.1%')}"
+                  f"{zs('q')}, grad {show(e['grad_q'], '.1%')}{zs('grad_q')} (rtol {rep['rtol']:.0%}); not gated: "
+                  f"grad_p {show(e['grad_p'])} (abs), IPR {show(e['ipr'], '.1%')}")
+    console.print(f"verdict: [bold {hue}]{rep['verdict'].upper()}[/]  {rep.get('reason', '')}")
+
+
+def render_sweep(result: dict, console) -> None:
+    """The sweep as a table: one row per configuration, RMS and mean |x| per module, the exponents below."""
+    from rich.table import Table
+
+    from initadvisor.coords import MODULES
+
+    console.width = max(console.width, 150)  # eleven numeric columns: wrap rather than truncate them
+    spec, axis = result["spec"], result["axis"]
+    console.print(f"[bold]initadvisor sweep[/]: {spec['name']}  coordinate check at init over {axis} "
+                  f"{', '.join(map(str, result['values']))}")
+    for line in (result["held"], *result["notes"]):
+        console.print(f"[dim]{line}[/]")
+    t = Table(show_edge=False, header_style="bold")
+    t.add_column(axis, justify="right")
+    for m in MODULES:
+        t.add_column(f"{m} rms", justify="right")
+        t.add_column("mean|x|", justify="right")
+    for c in result["configs"]:
+        t.add_row(str(c["value"]), *(show(c["modules"][m][k], ".4g") for m in MODULES for k in ("rms", "mean_abs")))
+    t.add_row("[bold]exponent[/]", *(x for m in MODULES for x in (show(result["exponents"][m], "+.3f"), "")))
+    console.print(t)
+    for m, what in MODULES.items():
+        console.print(f"[dim]{m}: {what}[/]")
+    console.print(f"[dim]exponent: {result['fit']}[/]")
+
+
+def _num(x: float | None, fmt: str = ".3g") -> str:
+    return "-" if x is None or not math.isfinite(x) else format(x, fmt)
+
+
+def render_audit(report, console) -> None:
+    """The terminal view: the per-tensor table (biases and other parameters only where a finding names them),
+    the findings, the check report's verdict, the notes."""
+    from rich.table import Table
+
+    from initadvisor.rules import RULES
+
+    t = Table(title=f"{report.model}: init audit against {report.intent}", show_edge=False, header_style="bold")
+    for col in ("block", "role", "tensor", "std", "intended", "factor", "mean", "max/std", "findings"):
+        t.add_column(col, justify="left" if col in ("role", "tensor", "findings") else "right")
+    for r in report.tensors:
+        if r.kind in ("bias", "param") and not r.codes:
+            continue
+        role = f"{r.role} (1 + w)" if r.convention == "1 + w" else r.role + (" bias" if r.kind == "bias" else "")
+        intended = "gain 1" if r.kind == "gain" and r.intended_mean is not None else _num(r.intended_std)
+        t.add_row(_num(r.block, "d"), role, r.name, _num(r.std), intended, _num(r.factor),
+                  _num(r.mean, ".2g"), _num(r.max_abs / r.std if r.std else None), " ".join(r.codes))
+    console.print(t)
+    color = {"error": "red", "warning": "yellow", "info": "cyan"}
+    for f in report.findings:
+        console.print(f"[{color[f.severity]}]{f.code} {f.severity}[/] {RULES[f.code].name}: ", end="")
+        console.print(f.message, markup=False, highlight=False)
+    if not report.findings:
+        console.print("no init findings: the weights are as intended", markup=False)
+    if report.check is not None:
+        codes = ", ".join(f"{f['code']} ({f['severity']})" for f in report.check["findings"]) or "no findings"
+        console.print(f"check of the spec of the weights as they are: {report.check['verdict']}: {codes}",
+                      markup=False, highlight=False)
+    for note in report.notes:
+        console.print(f"note: {note}", markup=False, highlight=False)
+
+
+COLORS = {"trainable": "#3b7dd8", "rank_collapse": "#f2c12e", "entropy_collapse": "#d64541"}  # shared with plots
+NAMES = {"trainable": "trainable", "rank_collapse": "rank collapse", "entropy_collapse": "entropy collapse"}
+_CORNER = {("R", "D"): "┘", ("R", "U"): "┐", ("L", "D"): "└", ("L", "U"): "┌"}
+
+
+def _edge_glyph(mask: np.ndarray, r: int, c: int) -> str:
+    """Boundary glyph of a region cell (row r counts upwards); the plot's own edges are not boundaries."""
+    h, w = mask.shape
+
+    def out(rr: int, cc: int) -> bool:
+        return 0 <= rr < h and 0 <= cc < w and not mask[rr, cc]
+
+    right, left, up, down = out(r, c + 1), out(r, c - 1), out(r + 1, c), out(r - 1, c)
+    side = "R" if right else "L" if left else None
+    vert = "U" if up else "D" if down else None
+    if side and vert:
+        return _CORNER[(side, vert)]
+    return "│" if side else "─" if vert else " "
+
+
+def _sample(n_src: int, n_dst: int) -> np.ndarray:
+    return np.unique(np.round(np.linspace(0, n_src - 1, n_dst)).astype(int)) if n_dst < n_src else np.arange(n_src)
+
+
+def _fmt(v) -> str:
+    return f"{v:d}" if isinstance(v, int) else show(v)
+
+
+def _region_mask(result: dict, xs: list, ys: list) -> np.ndarray | None:
+    """Recommended region on the rendered grid, or None when neither axis carries one of its limits."""
+    rec = result.get("recommended") or {}
+    limits = []  # (axis index 0 = x / 1 = y, value, side)
+    for k, name in enumerate((result["x"]["name"], result["y"]["name"])):
+        if name == "beta" and rec.get("beta_max") is not None:
+            limits.append((k, rec["beta_max"], "below"))
+        if name in ("alpha_sa", "alpha_mlp") and rec.get(f"{name}_min") is not None:
+            limits.append((k, rec[f"{name}_min"], "above"))
+    if not limits:
+        return None
+    X, Y = np.meshgrid(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float))
+    mask = np.ones(X.shape, dtype=bool)
+    for k, v, side in limits:
+        A = X if k == 0 else Y
+        mask &= (A < v) if side == "below" else (A >= v)
+    return mask
+
+
+def render_diagram(result: dict, console, max_width: int | None = None, max_height: int = 32) -> None:
+    """A coloured character grid: one cell per (sampled) grid point, y upwards, with the spec's point (●),
+    the recommended region's boundary and a legend."""
+    from rich.text import Text
+
+    from initadvisor.phase_diagram import PHASES
+
+    xa, ya = result["x"], result["y"]
+    phase = result["phase"]
+    ny, nx = len(ya["values"]), len(xa["values"])
+    ylabels = [_fmt(v) for v in ya["values"]]
+    lw = max(len(s) for s in ylabels)
+    width = (max_width or console.width) - lw - 3 - len(xa["name"]) - 3
+    ix = _sample(nx, max(8, min(width, 96)))
+    iy = _sample(ny, max(6, min(max_height, len(ix) // 2 + 1)))
+    xs = [xa["values"][i] for i in ix]
+    ys = [ya["values"][j] for j in iy]
+    mask = _region_mask(result, xs, ys)
+    sp = result.get("spec_point") or {}
+    px = py = None
+    if sp and xs[0] <= sp["x"] <= xs[-1] and ys[0] <= sp["y"] <= ys[-1]:
+        px = int(np.argmin(np.abs(_scaled(xs, xa["scale"]) - _scaled([sp["x"]], xa["scale"])[0])))
+        py = int(np.argmin(np.abs(_scaled(ys, ya["scale"]) - _scaled([sp["y"]], ya["scale"])[0])))
+    title = (f"[bold]trainability diagram[/]  {result.get('spec_name', '')}  ({result.get('layers', '?')} layers): "
+             f"{xa['name']} x {ya['name']}, {nx} x {ny} points")
+    console.print(title)
+    console.print(f"{'':>{lw}} [bold]{ya['name']}[/]  [dim]({ya['label']}, {ya['scale']})[/]")
+    label_rows = {len(iy) - 1, 0, (len(iy) - 1) // 2}
+    for r in range(len(iy) - 1, -1, -1):
+        j = iy[r]
+        line = Text(f"{ylabels[j] if r in label_rows else '':>{lw}} ┤ " if r in label_rows else f"{'':>{lw}} │ ")
+        for c, i in enumerate(ix):
+            ph = phase[j][i]
+            ch, fg = " ", "black"
+            if mask is not None and mask[r, c]:
+                ch = _edge_glyph(mask, r, c)
+                fg = "bold white"
+            if r == py and c == px:
+                ch, fg = "●", "bold white"
+            line.append(ch, style=f"{fg} on {COLORS[ph]}")
+        console.print(line)
+    axis = f"{'':>{lw}} └─" + "─" * len(ix)
+    console.print(axis)
+    left, mid, right = _fmt(xs[0]), _fmt(xs[len(xs) // 2]), _fmt(xs[-1])
+    n = len(ix)
+    ticks = [" "] * (n + 12)
+    used = -1  # labels are placed left to right and never overlap (a narrow grid shows fewer)
+    for pos, s in ((0, left), (n // 2 - len(mid) // 2, mid), (n - len(right), right)):
+        pos = max(pos, used + 2 if used >= 0 else 0)
+        if pos + len(s) <= len(ticks):
+            ticks[pos:pos + len(s)] = list(s)
+            used = pos + len(s) - 1
+    console.print(f"{'':>{lw}}   " + "".join(ticks).rstrip() + f"   [bold]{xa['name']}[/]")
+    console.print(f"{'':>{lw}}   [dim]x: {xa['label']}, {xa['scale']}[/]")
+    legend = Text("  ")
+    counts = result.get("counts", {})
+    total = max(1, nx * ny)
+    for ph in PHASES:
+        legend.append("  ", style=f"on {COLORS[ph]}")
+        legend.append(f" {NAMES[ph]} {100 * counts.get(ph, 0) / total:.0f}%   ")
+    console.print(legend)
+    if sp:
+        where = "" if px is not None else "  [dim](outside the plotted ranges)[/]"
+        console.print(f"  ● the spec: {xa['name']} = {_fmt(sp['x'])}, {ya['name']} = {_fmt(sp['y'])}{where}")
+    rec = result.get("recommended")
+    if rec:
+        parts = [f"beta < beta_c/2 = {show(rec['beta_max'])}"]
+        if rec.get("alpha_sa_min") is not None:
+            parts.append(f"alpha_sa >= alpha_c = {show(rec['alpha_sa_min'])}")
+        if rec.get("alpha_mlp_min") is not None:
+            parts.append(f"alpha_mlp >= {show(rec['alpha_mlp_min'])}")
+        drawn = "outlined" if mask is not None and mask.any() else "not on these axes"
+        console.print(f"  recommended region ({drawn}): " + " and ".join(parts)
+                      + f"  [dim](rho < {rec['rho_max']:g}; `initadvisor recommend`)[/]")
+
+
+def _scaled(v, scale: str) -> np.ndarray:
+    a = np.asarray(v, dtype=float)
+    return np.log(a) if scale == "log" else a

@@ -21,7 +21,7 @@ import numpy as np
 
 from initadvisor import __version__
 from initadvisor.core.model import Trace
-from initadvisor.numbers import clean, overflow_findings, ranges, show
+from initadvisor.numbers import clean, overflow_findings, ranges
 
 GATED = ("rho", "q", "grad_q")
 ABSOLUTE = ("rho", "grad_p")  # compared by difference: rho is bounded, grad_p (normalised) is often ~0
@@ -189,50 +189,3 @@ def _reason(verdict, bad, unsure, suggested, seeds, tol, rtol, Z) -> str:
         more = f"about {suggested} seeds (now {seeds}) would narrow the noise enough to decide"
     return (f"inconclusive: Monte-Carlo noise ({Z:.3g} standard errors) straddles the tolerance for "
             + "; ".join(parts) + f"; {more}")
-
-
-def render_verify(rep: dict, console) -> None:
-    from rich.table import Table
-
-    from initadvisor.report import _rows_to_show
-
-    m = rep["measurement"]
-    console.width = max(console.width, 160)  # fifteen numeric columns: wrap rather than truncate them
-    console.print(f"[bold]initadvisor verify[/]: {rep['spec']['name']}  backend {m['backend']}, {m['seeds']} seeds x "
-                  f"{m['batch']} sequence{'' if m['batch'] == 1 else 's'}, {m['seconds']:.1f} s")
-    t = Table(show_edge=False, header_style="bold")
-    for col in ("layer", "rho theory", "rho MC", "err", "z", "q theory", "q MC", "rel err", "z", "grad theory",
-                "grad MC", "rel err", "z", "IPR theory", "IPR MC"):
-        t.add_column(col, justify="right")
-    colour = {"fail": "red", "inconclusive": "yellow"}
-
-    def cell(r, key, what):
-        c = r.get(key)
-        if c is None or c.get(what) is None:
-            return "-"
-        v = c[what]
-        s = f"{v:+.3f}" if what == "error" else (f"{v:+.1f}" if abs(v) < 100 else f"{v:+.0f}") if what == "z" \
-            else f"{v:.4g}"
-        hue = colour.get(c.get("status", "pass" if c["ok"] else "fail")) if key in GATED else None
-        return f"[{hue}]{s}[/]" if hue and what in ("error", "z") else s
-
-    shown = set(_rows_to_show(len(rep["layers"]), 16))
-    off = sorted({i for v in (*rep.get("failed", {}).values(), *rep.get("inconclusive", {}).values()) for i in v})
-    shown |= set(off[:8])  # a few of the layers that did not pass, if the even spacing skipped them
-    for i in sorted(shown):
-        r = rep["layers"][i]
-        t.add_row(str(i), *(cell(r, k, w) for k, ws in (("rho", ("theory", "measured", "error", "z")),
-                                                        ("q", ("theory", "measured", "error", "z")),
-                                                        ("grad_q", ("theory", "measured", "error", "z")),
-                                                        ("ipr", ("theory", "measured"))) for w in ws))
-    console.print(t)
-    e, z = rep["max_error"], rep.get("max_z", {})
-    hue = {"pass": "green", "fail": "red"}.get(rep["verdict"], "yellow")
-
-    def zs(k):
-        return "" if z.get(k) is None else f" (max |z| {z[k]:.3g})"
-
-    console.print(f"max |error|: rho {show(e['rho'])}{zs('rho')} (tol {rep['tol']}), q {show(e['q'], '.1%')}"
-                  f"{zs('q')}, grad {show(e['grad_q'], '.1%')}{zs('grad_q')} (rtol {rep['rtol']:.0%}); not gated: "
-                  f"grad_p {show(e['grad_p'])} (abs), IPR {show(e['ipr'], '.1%')}")
-    console.print(f"verdict: [bold {hue}]{rep['verdict'].upper()}[/]  {rep.get('reason', '')}")
