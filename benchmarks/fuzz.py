@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import cli_contract as cc  # noqa: E402
 from initadvisor.rules import RULES  # noqa: E402
 
-MAX_LAYERS = {"check": 2000, "recommend": 200, "diagram": 60, "plot": 300, "verify": 4}
+MAX_LAYERS = {"check": 2000, "recommend": 200, "diagram": 60, "plot": 300, "verify": 4, "sweep": 200}
 NAMES = [r.name for r in RULES.values()]
 EXPLAIN = [*RULES, *NAMES, "ia101", "IA999", "", "x" * 300, "\n", "🚀", "IA1"]
 
@@ -36,7 +36,7 @@ def make_case(r: cc.Rand, d: Path) -> cc.Case:
     if kind == "rules":
         argv = ["rules"] if r.coin(0.2) else ["explain", r.choice(EXPLAIN)]
         return cc.Case(argv, d, valid=argv == ["rules"] or argv[1] in [*RULES, *NAMES])
-    commands = ["check"] * 3 + ["recommend"] * 2 + ["diagram"] * 2 + ["verify", "plot"]
+    commands = ["check"] * 3 + ["recommend"] * 2 + ["diagram"] * 2 + ["verify", "plot", "sweep"]
     if kind in ("hf", "hf_mut"):
         path = d / "config.json"
         path.write_text(json.dumps(cc.hf_config(r, kind == "hf_mut"), indent=2))

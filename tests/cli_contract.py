@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HF_DIR = ROOT / "tests" / "data" / "hf"
 FAMILIES = sorted(p.name for p in HF_DIR.iterdir() if (p / "config.json").is_file())
 FORMATS = {"check": ["table", "json", "sarif", "github", "junit", "markdown"], "recommend": ["table", "json", "yaml"],
-           "verify": ["table", "json"], "diagram": ["table", "json"]}
+           "verify": ["table", "json"], "diagram": ["table", "json"], "sweep": ["table", "json"]}
 AXES = ["beta", "alpha_sa", "alpha_mlp", "depth", "seq_len"]
 NAMES = ["m", "a:b", "<x&y>\"'", "% :: , ;", "模型 🚀", "x" * 200, "- dash", "#hash", "with  spaces", "ünï"]
 CODES = [*RULES, "IA", "IA1", "IA2", "IA3", "IA4", "IA9", "ia304", "I"]
@@ -312,6 +312,11 @@ def option_table(r, command: str, d: Path) -> dict:
                     "--png": (lambda: str(d / "d.png"), bad_paths(d) + [str(d / "x.xyz")], 0.03),
                     "--svg": (lambda: str(d / "d.svg"), bad_paths(d), 0.03)},
         "plot": {"--png": (img, bad_paths(d) + [str(d / "x.xyz")], 1.0)},
+        "sweep": {"--format": (lambda: r.choice(FORMATS["sweep"]), ["sarif"], 0.8),
+                  "--depth": (lambda: ",".join(str(r.integer(1, 48)) for _ in range(r.integer(1, 4))),
+                              ["0", "-1", "x", "1,,x", "", "1.5", "100001", ",".join(["2"] * 40)], 1.0),
+                  "--png": (lambda: str(d / "s.png"), bad_paths(d) + [str(d / "x.xyz")], 0.03),
+                  "--svg": (lambda: str(d / "s.svg"), bad_paths(d), 0.03)},
         "import": {"--seq-len": (lambda: str(max(2, int(r.real(2, 1e7, log=True)))), BAD_INT, 0.3)},
     }
     return table[command]
@@ -330,6 +335,8 @@ def options(r, command: str, d: Path, abuse: bool, skip: tuple[str, ...] = ()) -
             args += [opt, value]
         elif r.coin(p):
             args += [opt] if make == [] else [opt, make()]
+    if command == "sweep" and abuse and r.coin(0.3):  # a width: refused unless the head dimension divides it
+        args += ["--width", r.choice(["64", "7", "0", "64,128"])]
     if command == "diagram":
         x, y = r.choice(AXES), r.choice(AXES)
         if x == y and not abuse:
@@ -527,7 +534,8 @@ def run_case(case: Case, run=invoke) -> tuple[Result, list[tuple[str, str, list[
             if hits:
                 found.append(("recommend: bad patched spec file", ", ".join(hits[:5]), case.argv))
             follow(["check", str(p)], "recommend wrote a spec that check refuses", lambda c: c != 2)
-    src = case.argv[1] if len(case.argv) > 1 and cmd in ("import", "recommend", "diagram", "plot", "verify") else None
+    src = case.argv[1] if len(case.argv) > 1 and cmd in ("import", "recommend", "diagram", "plot", "verify",
+                                                          "sweep") else None
     refused_input = res.code == 2 and src and src in res.err and "measuring this network needs" not in res.err
     if refused_input and not case.valid and (cmd != "import" or src.endswith(".json") or Path(src).is_dir()):
         # the same input through check, without options: accepted there means refused here without cause

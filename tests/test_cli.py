@@ -119,3 +119,14 @@ def test_usage_errors_exit_2(tmp_path):
     assert run("check", f, "--seq-len", "1").returncode == 2
     assert run("check", f, "--dropout", "1").returncode == 2
     assert run("check").returncode == 2
+
+
+def test_every_spec_command_reads_the_project_config(tmp_path):
+    """A bad [tool.initadvisor] is refused by every command that reads a spec, as by check: recommend must never
+    write a spec that check then refuses in the same folder."""
+    (tmp_path / "pyproject.toml").write_text("[tool.initadvisor.thresholds]\ngrad_vanish = 1e-300\n")
+    (tmp_path / "s.yaml").write_text(GOOD)
+    for args in (["check"], ["recommend"], ["verify", "--seeds", "1"], ["diagram", "--grid", "2"],
+                 ["sweep", "--depth", "1,2"], ["plot", "--png", "p.png"]):
+        r = run(args[0], "s.yaml", *args[1:], cwd=tmp_path)
+        assert r.returncode == 2 and "pyproject.toml:2" in r.stderr and "grad_vanish" in r.stderr, (args, r.stderr)

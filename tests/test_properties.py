@@ -107,11 +107,19 @@ def test_hf_configs_import_and_check(rnd):
         assert_contract(cc.Case([command, str(cfg), *args], d, valid and not mutate, must, files=[cfg]))
 
 
+@examples(8)
+@given(st.randoms(use_true_random=False))
+def test_sweep(rnd):
+    r = cc.Rand(rnd)
+    with tempfile.TemporaryDirectory() as t:
+        assert_contract(spec_case(r, Path(t), "sweep", 30))
+
+
 @examples(40)
 @given(st.randoms(use_true_random=False))
 def test_option_abuse_is_one_line(rnd):
     r = cc.Rand(rnd)
-    command = r.choice(["check", "recommend", "diagram", "verify", "plot", "import"])
+    command = r.choice(["check", "recommend", "diagram", "verify", "plot", "import", "sweep"])
     with tempfile.TemporaryDirectory() as t:
         d = Path(t)
         if command == "import":
@@ -120,7 +128,8 @@ def test_option_abuse_is_one_line(rnd):
             args, valid, must = cc.options(r, command, d, abuse=True)
             case = cc.Case([command, str(cfg), *args], d, valid, must, files=[cfg])
         else:
-            case = spec_case(r, d, command, {"recommend": 10, "diagram": 10}.get(command, 50), abuse=True,
+            layers = {"recommend": 10, "diagram": 10, "sweep": 10}.get(command, 50)
+            case = spec_case(r, d, command, layers, abuse=True,
                              small=command == "verify", skip=("--backend",))
         assert_contract(case)
 
@@ -132,7 +141,7 @@ def test_odd_files(rnd):
     with tempfile.TemporaryDirectory() as t:
         d = Path(t)
         path, ok = cc.odd_file(r, d)
-        command = r.choice(["check", "recommend", "diagram", "verify", "plot", "import"])
+        command = r.choice(["check", "recommend", "diagram", "verify", "plot", "import", "sweep"])
         args, valid, must = cc.options(r, command, d, abuse=False)
         if command == "verify":
             args += ["--seq-len", "4"]

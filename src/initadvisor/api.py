@@ -205,7 +205,7 @@ class Recommendation(Report):
 
 
 def recommend(source: Source, *, rho_max: float = 0.99, k: float = 2.0, alpha_mlp: bool = False,
-              seq_len: int | None = None) -> Recommendation:
+              seq_len: int | None = None, project: Mapping[str, Any] | None = None) -> Recommendation:
     """Solve for beta_c, alpha_c (rho stays below `rho_max`), tau and DeepScaleLM's variances (its k), and
     compare the init recipes; the patched spec applies the first passing one."""
     from initadvisor.recipes import recommend as run
@@ -215,7 +215,7 @@ def recommend(source: Source, *, rho_max: float = 0.99, k: float = 2.0, alpha_ml
         raise UsageError(f"must be in [0, 1], got {rho_max}", "--rho-max")
     if not 1e-6 <= k <= 1e6:
         raise UsageError(f"must be in [1e-6, 1e6], got {k}", "--k")
-    spec = load(source, seq_len=seq_len)
+    spec = load(source, seq_len=seq_len, project=project)
     data = run(spec, rho_max=rho_max, k=k, alpha_mlp=alpha_mlp)
     data["notes"] = list(spec.notes)
     recipes = tuple(_record(RecipeResult, {**r, "findings": tuple(r["findings"]), "notes": tuple(r["notes"])})
@@ -240,7 +240,8 @@ class VerifyReport(Report):
 
 
 def verify(source: Source, *, backend: str = "numpy", device: str = "cpu", seeds: int = 8, batch: int = 1,
-           seq_len: int | None = None, tol: float = 0.05, rtol: float = 0.15) -> VerifyReport:
+           seq_len: int | None = None, tol: float = 0.05, rtol: float = 0.15,
+           project: Mapping[str, Any] | None = None) -> VerifyReport:
     """Build the random network (numpy, or torch: the real HuggingFace model for a config), measure it under
     `seeds` initialisations and compare with the theory: |rho error| <= tol, relative q and grad_q <= rtol."""
     import time
@@ -259,7 +260,7 @@ def verify(source: Source, *, backend: str = "numpy", device: str = "cpu", seeds
     for name, v, hi in (("--tol", tol, 2.0), ("--rtol", rtol, 100.0)):
         if not 0 <= v <= hi:
             raise UsageError(f"must be in [0, {hi:g}], got {v}", name)
-    spec = load(source, seq_len=seq_len)
+    spec = load(source, seq_len=seq_len, project=project)
     check_memory(spec, batch, 4, tables=backend == "torch")  # float32 either way: refuse before allocating
     t0 = time.perf_counter()
     if backend == "torch":
@@ -313,11 +314,12 @@ class Diagram(Report):
 
 
 def diagram(source: Source, *, x: str = "beta", y: str = "alpha_sa", grid: int = 64,
-            x_range: tuple[float, float] | None = None, y_range: tuple[float, float] | None = None) -> Diagram:
+            x_range: tuple[float, float] | None = None, y_range: tuple[float, float] | None = None,
+            project: Mapping[str, Any] | None = None) -> Diagram:
     """The trainability diagram (001 Fig. 1c) over x and y: beta, alpha_sa, alpha_mlp, depth or seq_len."""
     from initadvisor.phase_diagram import diagram as run
 
-    data = run(load(source), x=x, y=y, grid=grid, x_range=x_range, y_range=y_range)
+    data = run(load(source, project=project), x=x, y=y, grid=grid, x_range=x_range, y_range=y_range)
     return Diagram(data, x, y, tuple(tuple(r) for r in data["phase"]), dict(data["counts"]))
 
 
@@ -331,9 +333,10 @@ class SweepReport(Report):
     exponents: Mapping[str, float | None] = None
 
 
-def sweep(source: Source, *, width: Sequence[int] | None = None, depth: Sequence[int] | None = None) -> SweepReport:
+def sweep(source: Source, *, width: Sequence[int] | None = None, depth: Sequence[int] | None = None,
+          project: Mapping[str, Any] | None = None) -> SweepReport:
     """The analytic coordinate check over `width` (d_model; head dimension and d_ff / d_model held) or `depth`."""
     from initadvisor.coords import sweep as run
 
-    data = run(load(source), width=None if width is None else list(width), depth=None if depth is None else list(depth))
+    data = run(load(source, project=project), width=None if width is None else list(width), depth=None if depth is None else list(depth))
     return SweepReport(data, data["axis"], tuple(data["values"]), dict(data["exponents"]))

@@ -177,7 +177,8 @@ def recommend(a) -> int:
     from initadvisor import api
 
     output_path(a.out, "--out")
-    rep = api.recommend(a.spec, rho_max=a.rho_max, k=a.k, alpha_mlp=a.alpha_mlp, seq_len=a.seq_len)
+    rep = api.recommend(a.spec, rho_max=a.rho_max, k=a.k, alpha_mlp=a.alpha_mlp, seq_len=a.seq_len,
+                        project=project_config())
     patched = rep.patched_yaml(f"# initadvisor recommend: {rep.patched_recipe} recipe applied to {a.spec}\n")
     if a.out is not None:
         from initadvisor.files import write_output
@@ -211,7 +212,7 @@ def verify(a) -> int:
 
     output_path(a.plot, "--plot", figures=True)
     rep = api.verify(a.spec, backend=a.backend, device=a.device, seeds=a.seeds, batch=a.batch,
-                     seq_len=a.seq_len, tol=a.tol, rtol=a.rtol)
+                     seq_len=a.seq_len, tol=a.tol, rtol=a.rtol, project=project_config())
     if a.plot is not None:
         from initadvisor.plots import save_verify
 
@@ -243,7 +244,7 @@ def diagram(a) -> int:
     output_path(a.png, "--png", figures=True)
     output_path(a.svg, "--svg", figures=True)
     res = api.diagram(a.spec, x=a.x, y=a.y, grid=a.grid, x_range=a.x_range and tuple(a.x_range),
-                      y_range=a.y_range and tuple(a.y_range))
+                      y_range=a.y_range and tuple(a.y_range), project=project_config())
     for path in (a.png, a.svg):
         if path is not None:
             from initadvisor.plots import save_diagram
@@ -275,7 +276,7 @@ def sweep(a) -> int:
 
     output_path(a.png, "--png", figures=True)
     output_path(a.svg, "--svg", figures=True)
-    res = api.sweep(a.spec, width=a.width, depth=a.depth)
+    res = api.sweep(a.spec, width=a.width, depth=a.depth, project=project_config())
     for path in (a.png, a.svg):
         if path is not None:
             from initadvisor.plots import save_sweep
@@ -294,7 +295,7 @@ def plot(a) -> int:
     from initadvisor.plots import save_profiles
 
     output_path(a.png, "--png", figures=True)
-    save_profiles(api.check(a.spec).data, a.png)
+    save_profiles(api.check(a.spec, project=project_config()).data, a.png)
     sys.stdout.write(f"wrote {a.png}\n")
     return 0
 
