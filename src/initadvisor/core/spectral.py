@@ -24,6 +24,7 @@ All functions are pure numpy, accept scalars or arrays (broadcast), and do no I/
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -141,10 +142,20 @@ def fluctuation_strength(T, V, exact=True):
 
 
 def _inv_normal_cdf(u):
-    """Standard normal quantile (stdlib: scipy.special would cost ~0.4 s of start-up)."""
-    from statistics import NormalDist
-
-    return np.vectorize(NormalDist().inv_cdf, otypes=[float])(u)
+    """Standard normal quantile of 0 < u < 1: Newton's method on ln Phi(x) = ln u (concave, so it climbs to the
+    root from the left without overshooting), Phi(x) = erfc(-x / sqrt 2) / 2, to 1e-13 (scipy.special would
+    cost 0.2-0.4 s of start-up, statistics 10 ms)."""
+    erfc = np.frompyfunc(math.erfc, 1, 1)
+    shape, u = np.shape(u), np.atleast_1d(np.asarray(u, dtype=float))
+    lower = np.minimum(u, 1.0 - u)  # solved in the lower tail and mirrored
+    x = -np.sqrt(-2.0 * np.log(lower))  # left of the root: Phi(x) < pdf(x) / |x| = lower / (|x| sqrt(2 pi))
+    for _ in range(100):
+        cdf = 0.5 * erfc(-x / math.sqrt(2.0)).astype(float)
+        step = (np.log(cdf) - np.log(lower)) * cdf * math.sqrt(2.0 * math.pi) * np.exp(0.5 * x * x)
+        x = x - step
+        if np.all(np.abs(step) <= 1e-13 * np.maximum(1.0, np.abs(x))):
+            break
+    return np.where(u < 0.5, x, -x).reshape(shape)
 
 
 def _expected_max_entry(T, V):
