@@ -437,6 +437,31 @@ def test_audit_config_layers_and_errors(tmp_path):
     assert "config.json" in str(e.value) and "\n" not in str(e.value)
 
 
+def test_audit_command_line(tmp_path):
+    """The CLI: a JSON report whose verdict sets the exit code, and one line with exit 2 for bad input, a model
+    too large to build (about 2 TiB) refused before allocating it."""
+    import subprocess
+    import sys
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "initadvisor", "audit", *map(str, args)], capture_output=True,
+                              text=True)
+
+    r = run(ROOT / "tests/data/hf/llama/config.json", "--format", "json", "--seed", "3")
+    assert r.returncode == 0 and json.loads(r.stdout)["verdict"] == "pass" and json.loads(r.stdout)["blocks"] == 2
+    big = {"model_type": "llama", "hidden_size": 65536, "intermediate_size": 262144, "num_attention_heads": 512,
+           "num_key_value_heads": 8, "num_hidden_layers": 126, "vocab_size": 2_000_000, "tie_word_embeddings": False,
+           "max_position_embeddings": 8192}
+    (tmp_path / "big.json").write_text(json.dumps(big))
+    (tmp_path / "bad.json").write_text("{bad")
+    for args, needle in [((tmp_path / "big.json",), "GiB"), ((ROOT / "model_specs/bert-base.yaml",), "config.json"),
+                         ((tmp_path / "bad.json",), "not valid JSON"), ((tmp_path / "nope.json",), "no such file"),
+                         ((ROOT / "tests/data/hf/gpt2/config.json", "--layers", "0"), "--layers"),
+                         ((ROOT / "tests/data/hf/gpt2/config.json", "--format", "xml"), "--format")]:
+        r = run(*args)
+        assert r.returncode == 2 and needle in r.stderr and r.stderr.count("\n") == 1, (args, r.stderr)
+
+
 def test_audit_rules_are_registered_for_rules_and_explain():
     from initadvisor.diagnose import check
     from initadvisor.formats import rule_text

@@ -429,3 +429,28 @@ def test_import_writes_version_and_head():
     del c["tie_word_embeddings"]  # transformers' LlamaConfig default: untied
     s, notes = import_config(c)
     assert not s.tie_embeddings and any("tie_word_embeddings=False" in n for n in notes)
+
+
+@pytest.mark.parametrize("model", [
+    {"layers": 1, "d_model": 32, "heads": 2, "norm": "pre", "causal": True},  # tied: the own row's share varies
+    {"layers": 3, "d_model": 32, "heads": 2, "norm": "none", "causal": True, "final_norm": False},  # so does s
+], ids=["own-row", "no-final-norm"])
+def test_position_average_is_the_mean_over_positions(model):
+    """The causal loss averages POSITIONS positions through an interpolation: against evaluating each one."""
+    from initadvisor.core.model import propagate
+    from initadvisor.diagnose import causal_trace
+    from initadvisor.loss import POSITIONS, expected_cross_entropy, initial_loss, own_token_moment, raw_logit_std
+    from initadvisor.stack import from_spec
+
+    spec = build_spec({"model": model, "sequence": {"length": 64, "vocab": 300}, "init": {"std": 0.3}})
+    stack = from_spec(spec)
+    trace, ct = propagate(stack, backward=False), causal_trace(stack)
+    q_pos = np.asarray(ct.q[-1], dtype=float)
+    qs = q_pos[((np.arange(POSITIONS) + 0.5) * q_pos.size / POSITIONS).astype(int)]
+    c = own_token_moment(stack, trace)
+    direct = []
+    for q in qs:
+        s, f = raw_logit_std(spec, q), min(c / q, 1.0)
+        direct.append(expected_cross_entropy(spec.vocab, s, None, s * np.sqrt(spec.d_model * f), s * np.sqrt(1 + f)))
+    assert np.ptp(direct) > 1e-4  # the positions do differ here
+    assert initial_loss(spec, trace, stack, ct)["expected"] == pytest.approx(np.mean(direct), rel=1e-6, abs=1e-7)

@@ -202,3 +202,15 @@ def test_vectorised_shapes():
     assert sr.shape == (3, 2)
     v = sp.width_collapse(T, 0.5, 0.1, d=256)
     assert v.collapsed.shape == (3,)
+
+
+def test_normal_quantile_against_the_standard_library():
+    """spectral's Newton quantile (it avoids importing statistics or scipy) against statistics.NormalDist."""
+    from statistics import NormalDist
+
+    from initadvisor.core.spectral import _inv_normal_cdf
+
+    u = np.concatenate([np.geomspace(1e-300, 0.4999, 400), [0.5, 0.7, 0.975, 1 - 1e-12]])
+    want = np.array([NormalDist().inv_cdf(x) for x in u])
+    assert np.allclose(_inv_normal_cdf(u), want, rtol=1e-12, atol=1e-12)
+    assert np.shape(_inv_normal_cdf(0.025)) == () and _inv_normal_cdf(0.025) == pytest.approx(-1.959963984540054)

@@ -652,6 +652,17 @@ def audit_config(path: str | os.PathLike, layers: int = 2, seed: int = 0) -> Aud
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise UsageError(f"must be a whole number >= 1, got {layers!r}", "--layers")
     spec, _ = import_config(path)  # refuses what check refuses, naming the file and key
+    from dataclasses import replace
+
+    from initadvisor.simulate import MEMORY_SHARE, available_memory, memory_needed
+
+    # weights and their gradients (itemsize 8 = two float32 copies), the tables, a probe of 2 x 8 tokens
+    need = memory_needed(replace(spec, layers=layers, seq_len=min(spec.seq_len, 8)), 2, 8, True)
+    have = available_memory()
+    if need > MEMORY_SHARE * have:
+        raise SpecError(f"building this model with {layers} layers needs about {need / 2**30:.3g} GiB, over "
+                        f"{MEMORY_SHARE:g} of the {have / 2**30:.3g} GiB available (its width and vocabulary set "
+                        "the size; --layers 1 is the least)", str(path))
     raw, _, fname = _load_json(path)
     try:  # transformers validates the config its own way: what it refuses is the input's fault, in one line
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM

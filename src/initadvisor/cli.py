@@ -43,7 +43,8 @@ def bounded(kind: type, lo: float | None = None, hi: float | None = None) -> Cal
         if kind is float and not math.isfinite(v):
             raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
         if lo is not None and v < lo or hi is not None and v > hi:
-            raise argparse.ArgumentTypeError(f"must be in [{lo:g}, {hi:g}], got {text}" if hi is not None
+            raise argparse.ArgumentTypeError(f"must be in [{lo:g}, {hi:g}], got {text}" if hi is not None and kind is float
+                                             else f"must be in [{lo}, {hi}], got {text}" if hi is not None
                                              else f"must be at least {lo:g}, got {text}")
         return v
     parse.__name__ = kind.__name__
@@ -315,6 +316,10 @@ def audit(a) -> int:
             from initadvisor.errors import MissingExtraError
 
             raise MissingExtraError("audit", extra, package) from None
+    from initadvisor.api import is_hf_config
+
+    if not is_hf_config(a.config):
+        raise UsageError(f"{a.config}: audit builds a HuggingFace model: give its config.json (or its folder)", "audit")
     from initadvisor.audit import audit_config
     from initadvisor.report import render_audit
 
