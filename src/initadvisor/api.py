@@ -106,6 +106,16 @@ class Report:
         return json.dumps(self.data, indent=2, allow_nan=False)
 
 
+class Gated:
+    """A report with a gate verdict (check, verify)."""
+
+    verdict: str
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+
 def _record(cls, row: Mapping[str, Any]):
     """A dataclass from a JSON row, keeping the fields it declares (rows may carry more)."""
     return cls(**{f.name: row.get(f.name) for f in fields(cls)})
@@ -134,7 +144,7 @@ class Layer:
 
 
 @dataclass(frozen=True)
-class CheckReport(Report):
+class CheckReport(Report, Gated):
     """`initadvisor.check/1`: per-layer predictions, findings and the gate's verdict."""
 
     spec: Spec = None
@@ -142,10 +152,6 @@ class CheckReport(Report):
     findings: tuple[Finding, ...] = ()
     layers: tuple[Layer, ...] = ()
     notes: tuple[str, ...] = ()
-
-    @property
-    def passed(self) -> bool:
-        return self.verdict == "pass"
 
 
 def check(source: Source, *, fail_on: str = "error", select: Sequence[str] | None = None,
@@ -226,17 +232,13 @@ def recommend(source: Source, *, rho_max: float = 0.99, k: float = 2.0, alpha_ml
 
 
 @dataclass(frozen=True)
-class VerifyReport(Report):
+class VerifyReport(Report, Gated):
     """`initadvisor.verify/1`: theory against a Monte-Carlo of the actual random network, per layer."""
 
     spec: Spec = None
     verdict: str = ""
     max_error: Mapping[str, float | None] = None
     findings: tuple[Finding, ...] = ()
-
-    @property
-    def passed(self) -> bool:
-        return self.verdict == "pass"
 
 
 def verify(source: Source, *, backend: str = "numpy", device: str = "cpu", seeds: int = 8, batch: int = 1,

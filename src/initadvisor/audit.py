@@ -129,6 +129,11 @@ class AuditReport:
             raise AuditError(self, lines)
         return self
 
+    @property
+    def verdict(self) -> str:
+        """fail on an error-level audit finding or check error, else pass (the CLI's exit code: 1 or 0)."""
+        return "fail" if self.failures("error") else "pass"
+
     def to_json(self) -> str:
         """What `initadvisor audit --format json` prints (without its final newline)."""
         return json.dumps(self.to_dict(), indent=2, allow_nan=False)
@@ -138,7 +143,7 @@ class AuditReport:
         return _finite({
             "schema": SCHEMA, "version": __version__, "model": self.model, "family": self.family,
             "blocks": self.blocks, "intent": self.intent, "tied_head": self.tied_head,
-            "verdict": "fail" if self.failures("error") else "pass",
+            "verdict": self.verdict,
             "findings": [asdict(f) for f in self.findings], "tensors": [asdict(t) for t in self.tensors],
             "check": self.check, "notes": list(self.notes),
         })

@@ -103,6 +103,20 @@ def emit(report, fmt: str, render: Callable | None = None) -> None:
     render(report.data, Console())
 
 
+def figures(a, run: Callable, save: str, render: Callable) -> None:
+    """A command with --png/--svg: refuse unwritable files first, run, save the pictures (initadvisor.plots.`save`),
+    then print the report."""
+    output_path(a.png, "--png", figures=True)
+    output_path(a.svg, "--svg", figures=True)
+    res = run()
+    for path in (a.png, a.svg):
+        if path is not None:
+            from initadvisor import plots
+
+            getattr(plots, save)(res.data, path)
+    emit(res, a.format, render)
+
+
 # ---------------------------------------------------------------------------------------------------
 # commands
 
@@ -242,16 +256,9 @@ def diagram(a) -> int:
     from initadvisor import api
     from initadvisor.report import render_diagram
 
-    output_path(a.png, "--png", figures=True)
-    output_path(a.svg, "--svg", figures=True)
-    res = api.diagram(a.spec, x=a.x, y=a.y, grid=a.grid, x_range=a.x_range and tuple(a.x_range),
-                      y_range=a.y_range and tuple(a.y_range), project=project_config())
-    for path in (a.png, a.svg):
-        if path is not None:
-            from initadvisor.plots import save_diagram
-
-            save_diagram(res.data, path)
-    emit(res, a.format, render_diagram)
+    figures(a, lambda: api.diagram(a.spec, x=a.x, y=a.y, grid=a.grid, x_range=a.x_range and tuple(a.x_range),
+                                   y_range=a.y_range and tuple(a.y_range), project=project_config()),
+            "save_diagram", render_diagram)
     return 0
 
 
@@ -275,15 +282,8 @@ def sweep(a) -> int:
     from initadvisor import api
     from initadvisor.report import render_sweep
 
-    output_path(a.png, "--png", figures=True)
-    output_path(a.svg, "--svg", figures=True)
-    res = api.sweep(a.spec, width=a.width, depth=a.depth, project=project_config())
-    for path in (a.png, a.svg):
-        if path is not None:
-            from initadvisor.plots import save_sweep
-
-            save_sweep(res.data, path)
-    emit(res, a.format, render_sweep)
+    figures(a, lambda: api.sweep(a.spec, width=a.width, depth=a.depth, project=project_config()), "save_sweep",
+            render_sweep)
     return 0
 
 
@@ -330,7 +330,7 @@ def audit(a) -> int:
         from rich.console import Console
 
         render_audit(rep, Console())
-    return 1 if rep.to_dict()["verdict"] == "fail" else 0
+    return 1 if rep.verdict == "fail" else 0
 
 
 @command("rules")
