@@ -29,12 +29,6 @@ def is_hf_config(path: Path) -> bool:
     return path.suffix == ".json" or (path.is_dir() and (path / "config.json").is_file())
 
 
-def _hf(source: Any) -> tuple[Spec, list[str]]:
-    from initadvisor.hf import import_config
-
-    return import_config(source)
-
-
 def load(source: Source, *, seq_len: int | None = None, input_correlation: float | None = None,
          dropout: float | None = None, project: Mapping[str, Any] | None = None) -> Spec:
     """The validated `Spec` of a source, with overrides applied; `project` is a ``[tool.initadvisor]`` table

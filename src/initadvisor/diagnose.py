@@ -73,12 +73,17 @@ def causal_trace(stack: Stack):
 
 
 def resolvable(stack: Stack) -> bool:
-    return (len(stack.layers) + 1) * stack.embeddings.seq_len <= CAUSAL_CELLS
+    return fits(len(stack.layers), stack.embeddings.seq_len)
+
+
+def fits(layers: int, seq_len: int) -> bool:
+    """The position-resolved engine's reach: (layers + 1) x T cells."""
+    return (layers + 1) * seq_len <= CAUSAL_CELLS
 
 
 def notes(spec) -> list[str]:
     """What the analysis left out for this spec."""
-    if spec.causal and not resolvable(from_spec(spec)):
+    if spec.causal and not fits(spec.layers, spec.seq_len):
         return [f"causal: (layers + 1) x T = {(spec.layers + 1) * spec.seq_len:.3g} exceeds {CAUSAL_CELLS:.0e} "
                 "positions x layers: the position-resolved prediction is skipped, rows use the late-token pair"]
     return []
