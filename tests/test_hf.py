@@ -20,9 +20,9 @@ from initadvisor.hf import SUPPORTED, import_config, read_hf_config, to_yaml
 from initadvisor.spec import MATRICES, SpecError, parse_spec
 
 DATA = Path(__file__).parent / "data" / "hf"
-FAMILIES = ("bert", "roberta", "electra", "gpt2", "gpt_neox", "llama", "mistral", "qwen2")
+FAMILIES = ("bert", "roberta", "electra", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3")
 BERT_LIKE = ("bert", "roberta", "electra")
-LLAMA_LIKE = ("llama", "mistral", "qwen2")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def cfg_path(family: str) -> Path:
@@ -101,7 +101,7 @@ def expected(family: str) -> dict:
     used = {"num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
             "hidden_act", "max_position_embeddings", "vocab_size", "head_dim", "initializer_range", "attention_dropout",
             "model_type", "tie_word_embeddings"}
-    used |= {"sliding_window"} if family == "mistral" else {"use_sliding_window"} if family == "qwen2" else set()
+    used |= {"sliding_window"} if family == "mistral" else {"use_sliding_window"} if family != "llama" else set()
     return dict(base, kv_heads=c["num_key_value_heads"], activation="swiglu", norm_type="rmsnorm",
                 parallel_residual=False, dropout=0.0, used=used)
 
@@ -115,6 +115,7 @@ def test_mapping_field_by_field(family: str) -> None:
                 "final_norm", "tie_embeddings", "head_transform"):
         assert getattr(spec, key) == exp[key], key
     assert spec.logit_softcap is None
+    assert spec.qk_norm == ("head" if family == "qwen3" else "none")
     # an untied head is an nn.Linear drawn like the rest (initializer_range), a tied one is the token embedding
     assert (spec.head is None) == spec.tie_embeddings
     assert spec.head_init.std == pytest.approx(raw(family)["initializer_range"], rel=1e-12)
@@ -296,7 +297,7 @@ PARAMS = {
 }
 for _f in ("roberta", "electra"):
     PARAMS[_f] = PARAMS["bert"]
-for _f in ("mistral", "qwen2"):
+for _f in ("mistral", "qwen2", "qwen3"):
     PARAMS[_f] = PARAMS["llama"]
 
 
@@ -324,10 +325,10 @@ def test_init_matches_real_model(models, family: str) -> None:
     # the real model is the shape the spec claims
     assert model.config.num_hidden_layers == spec.layers
     for mat, patterns in PARAMS[family].items():
-        ws = [p.detach().flatten() for n, p in params.items()
-              if n.endswith("weight") and any(re.search(s, n) for s in patterns)]
-        assert ws, (family, mat)
-        w = torch.cat(ws)
+        found = [p.detach() for n, p in params.items()
+                 if n.endswith("weight") and any(re.search(s, n) for s in patterns)]
+        assert found, (family, mat)
+        w = torch.cat([p.flatten() for p in found])
         rms = w.pow(2).mean().sqrt().item()  # std about 0: the init is zero-mean
         claimed = spec.init["q"].std if mat == "qkv" else spec.init[mat].std
         if mat == "qkv":
@@ -337,7 +338,7 @@ def test_init_matches_real_model(models, family: str) -> None:
     if family == "gpt2":  # the depth-scaled c_proj really is 1/sqrt(2 n_layer) of the rest
         assert spec.init["o"].std == pytest.approx(spec.init["q"].std / math.sqrt(2 * spec.layers))
     biases = {n: p for n, p in params.items() if n.endswith("bias")}
-    if family not in ("llama", "mistral"):  # these have no biases by default
+    if family not in ("llama", "mistral", "qwen3"):  # these have no biases by default
         assert biases
     for n, b in biases.items():
         assert torch.count_nonzero(b) == 0, n  # bias_std 0 everywhere

@@ -53,6 +53,11 @@ OPERATIONS = {
     "attention-centered": lambda: _attention(model={"attention": "centered"}, init={"v": {"bias_std": 0.05}}),
     "attention-no-out-proj": lambda: _attention(model={"out_proj": False}),
     "attention-dropout": lambda: _attention(attention_dropout=0.25),
+    # QK-norm: unit-variance queries and keys whatever the Q/K stds (0.01 here): the softmax scale sets beta
+    "attention-qk-norm-head": lambda: _attention(model={"qk_norm": "head", "norm_type": "rmsnorm", "kv_heads": 2,
+                                                        "softmax_scale": 0.1}),
+    "attention-qk-norm-all-causal": lambda: _attention(model={"qk_norm": "all", "causal": True,
+                                                              "softmax_scale": 0.2}),
     **{f"mlp-{act}": (lambda act=act: _mlp(act, init={"std": 0.09, "ff_in": {"bias_std": 0.1}}))
        for act in ("relu", "gelu", "gelu_tanh", "silu", "tanh", "linear", "swiglu", "geglu")},
     "residual-mlp": lambda: Residual(0.8, ((0.6, (_mlp("relu", init={"std": 0.09}),)),)),
@@ -115,6 +120,29 @@ def _close(measured, expected):
 def test_moment_map_matches_numpy_monte_carlo(name):
     op = OPERATIONS[name]()
     _close(_numpy_moments(op, _numpy), _expected(op))
+
+
+@pytest.mark.parametrize("qk_norm, heads, std, scale", [
+    ("none", 4, 0.02, None), ("none", 4, 0.05, 0.3), ("head", 2, 0.01, 0.25), ("head", 1, 0.3, None),
+    ("all", 4, 0.05, 0.5)])
+def test_logit_variance_over_keys_is_the_rem_s(qk_norm, heads, std, scale):
+    """The engine's beta / beta_c sets the key-dependent variance of one row's logits, V = 2 (beta/beta_c)^2 ln T
+    (001 Result 1); under a QK-norm it is the softmax scale's whatever the Q/K stds. Measured on the numpy network's
+    own queries and keys (rows' sample variance over keys, averaged): within 4%. A per-head norm over d_head
+    coordinates adds about 2 / d_head at this width (d 96: 4% at d_head 48, 9% at 24), a finite-size effect of the
+    norm's division that the engine leaves out (2% or less at the d_head >= 64 of real models)."""
+    model = {"qk_norm": qk_norm, "heads": heads, **({} if scale is None else {"softmax_scale": scale})}
+    op = _attention(model=model, init={"q": {"std": std}, "k": {"std": std}})
+    cache = op.moments(INPUTS["q"], INPUTS["p"])[2]
+    expected = 2 * (op.P.beta / cache.beta_c) ** 2 * np.log(T)
+    measured = []
+    for s in range(8):
+        rng = np.random.default_rng([5, s])
+        W = init_block((op,), rng)
+        _, (c,) = numpy_forward((op,), _stream(rng, INPUTS["q"], INPUTS["p"]), W, rng)
+        scores = c["q"] @ c["k"].swapaxes(-1, -2) * op.P.softmax_scale  # (B, KV, G*T, T)
+        measured.append(scores.var(axis=-1, ddof=1).mean())
+    assert np.mean(measured) == pytest.approx(expected, rel=0.04)
 
 
 def test_a_planted_gain_error_fails():

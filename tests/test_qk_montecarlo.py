@@ -46,7 +46,7 @@ SEED = int(os.environ.get("INITADVISOR_QK_SEED", "0"))
 
 
 def one_block(T, d, *, std=None, qk_beta=None, qk_std=None, v_gain=None, o_gain=None, rho=0.0, emb_std=1.0,
-              causal=False, norm="none", layers=1, skip_a=1.0):
+              causal=False, norm="none", layers=1, skip_a=1.0, qk_norm="none", scale=None):
     """Attention-only blocks (MLP branch off), heads 4, no biases; embeddings x_t = sqrt(rho) c + sqrt(1-rho) e_t
     with per-coordinate variance emb_std^2, so the first attention input has q = emb_std^2 and p = rho q."""
     init = {"std": std if std is not None else 1 / math.sqrt(d), "embedding": {"std": emb_std}}
@@ -61,7 +61,7 @@ def one_block(T, d, *, std=None, qk_beta=None, qk_std=None, v_gain=None, o_gain=
         init["o"] = {"gain": o_gain}
     return build_spec({
         "model": {"layers": layers, "d_model": d, "heads": 4, "d_ff": d, "norm": norm, "causal": causal,
-                  "activation": "relu"},
+                  "activation": "relu", "qk_norm": qk_norm, "softmax_scale": scale},
         "sequence": {"length": T, "vocab": 100, "input_correlation": rho, "embeddings": ["token"]},
         "init": init,
         "residual": {"attention": {"skip": skip_a}, "mlp": {"block": 0.0}},
@@ -81,6 +81,10 @@ RESULT2 = {  # name -> one_block kwargs (d = 128); x = beta / beta_c from the en
                                                    o_gain=0.5),
     "localized q=2 rho=0.5 gV=2 gO=0.5 x=2.5": dict(T=16, qk_beta=2.5, rho=0.5, emb_std=math.sqrt(2),
                                                     v_gain=2.0, o_gain=0.5),
+    # QK-norm: the Q std (0.03 or 0.2, g_Q 0.115 or 5.1) enters only through the norm's Jacobian 1 / (g_Q q)
+    "qk-norm uniform q=2 rho=0.5 gQ=0.115 x=0.17": dict(T=16, qk_norm="all", scale=0.1, qk_std=0.03, rho=0.5,
+                                                      emb_std=math.sqrt(2)),
+    "qk-norm localized q=2 gQ=5.1 x=2.2": dict(T=16, qk_norm="all", scale=0.9, qk_std=0.2, emb_std=math.sqrt(2)),
 }
 
 
@@ -91,7 +95,9 @@ def test_result2_query_gradient_absolute(name):
     Tolerance: 20% relative. Measured / predicted over rng_seed 0..9 (240 sequences each, MC se 1.1-2.9%):
     uniform T=8 1.03-1.08, uniform T=16 1.06-1.11, localized T=8 0.95-1.07, localized T=16 0.99-1.05,
     uniform q=2 1.07-1.11, localized q=2 0.89-0.97. The uniform excess is the neglected finite-d term
-    (~(T + d)/d: 1.06 at T=8, 1.125 at T=16). A doubled (or halved) product is 2x off: caught in every case."""
+    (~(T + d)/d: 1.06 at T=8, 1.125 at T=16). A doubled (or halved) product is 2x off: caught in every case.
+    QK-norm (rng_seed 0..5): uniform 1.09-1.14, localized 0.99-1.04; without the norm's Jacobian 1 / (g_Q q) the
+    prediction is 17x (g_Q q = 0.058) or 10x (10.2) off."""
     spec = one_block(d=D1, **RESULT2[name])
     T = spec.seq_len
     trace = run_spec(spec)
@@ -113,6 +119,7 @@ D2 = 64
 NOCI = {  # one std for Q, K, V and O (g = std^2 d for each): the setting in which the mapping holds (see report)
     "g=0.15 rho=0 q=1": dict(g=0.15, rho=0.0, emb_std=1.0),
     "g=0.1 rho=0.2 q=2": dict(g=0.1, rho=0.2, emb_std=math.sqrt(2)),
+    "qk-norm g=0.1 rho=0.2 q=2": dict(g=0.1, rho=0.2, emb_std=math.sqrt(2), qk_norm="all", scale=0.05),
 }
 
 
@@ -125,9 +132,10 @@ def test_noci_ratio_with_tau_mapping(name, T):
 
     Tolerance: 10% relative. Measured / predicted over rng_seed 0..9 (200 sequences, MC se 1.9-2.7%):
     g=0.15 q=1: 0.98-1.04 (T=8), 0.95-1.02 (16), 0.93-1.04 (32), 0.93-1.03 (64);
-    g=0.1 q=2 rho=0.2: 0.99-1.05 at every T."""
+    g=0.1 q=2 rho=0.2: 0.99-1.05 at every T; with a QK-norm over all heads (rng_seed 0..5): 0.97-1.04."""
     c = NOCI[name]
-    spec = one_block(T, D2, std=math.sqrt(c["g"] / D2), rho=c["rho"], emb_std=c["emb_std"])
+    spec = one_block(T, D2, std=math.sqrt(c["g"] / D2), rho=c["rho"], emb_std=c["emb_std"],
+                     qk_norm=c.get("qk_norm", "none"), scale=c.get("scale"))
     trace = run_spec(spec)
     predicted = float(diagnose.qk_laws(from_spec(spec), trace)[1][0])
     mc = simulate(spec, seeds=50, batch=4, rng_seed=SEED)

@@ -52,10 +52,14 @@ def _config(family: str):
         return t.LlamaConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
                              num_key_value_heads=2, intermediate_size=688, max_position_embeddings=T,
                              attention_dropout=0.1, bos_token_id=0, eos_token_id=0)
+    if family == "qwen3":  # Llama's block with a per-head RMSNorm on queries and keys
+        return t.Qwen3Config(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
+                             num_key_value_heads=2, head_dim=D // HEADS, intermediate_size=688,
+                             max_position_embeddings=T, bos_token_id=0, eos_token_id=0)
     raise KeyError(family)
 
 
-FAMILIES = ("bert", "gpt2", "gpt_neox", "llama")
+FAMILIES = ("bert", "gpt2", "gpt_neox", "llama", "qwen3")
 _CACHE: dict[str, dict] = {}
 
 
@@ -206,6 +210,19 @@ def test_llama_rho_all_pairs(result):
 def test_llama_q(result):
     r = result("llama")
     assert q_rel_err(r).max() <= Q_REL, _fmt(q_rel_err(r)) + "\n" + _table(r)
+
+
+def test_qwen3_qk_norm_q(result):
+    r = result("qwen3")
+    assert q_rel_err(r).max() <= Q_REL, _fmt(q_rel_err(r)) + "\n" + _table(r)
+
+
+def test_qwen3_qk_norm_rho(result):
+    """The QK-norm sets the logits' scale (beta 0.45 at T 128, not the 0.02 init's 0.003): rho over all pairs and
+    late tokens."""
+    r = result("qwen3")
+    assert rho_abs_err(r).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r)) + "\n" + _table(r)
+    assert rho_abs_err(r, late=True).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r, late=True)) + "\n" + _table(r)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ The mappings follow what `transformers` (5.x) does when it builds a randomly ini
   every norm gain 1 (`PreTrainedModel._init_weights`);
 * GPT-2 re-draws both `c_proj` weights (attention output and MLP down projection) with
   std = initializer_range / sqrt(2 * n_layer) (`GPT2PreTrainedModel._init_weights`);
-* GPT-NeoX, Llama, Mistral and Qwen2 use the plain rule for every matrix (no depth scaling);
+* GPT-NeoX, Llama, Mistral, Qwen2 and Qwen3 use the plain rule for every matrix (no depth scaling); Qwen3
+  normalises each head's queries and keys (RMSNorm, weight 1) before the scores;
 * the output head (`...ForCausalLM.lm_head`, GPT-NeoX's `embed_out`, BERT's MLM decoder) is the token embedding
   when `tie_word_embeddings` (default true for GPT-2 and the BERT family, false for GPT-NeoX, Llama, Mistral,
   Qwen2), else an nn.Linear with the plain rule; the decoders end in a final norm (ln_f, final_layer_norm,
@@ -307,8 +308,11 @@ def _llama_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     std = _init_std(cfg, notes)
     attn_drop = g(fam.attn_dropout_key, "prob", 0.0, spec_key="attention_dropout")
     head = _head(cfg, False, True, False)  # the final RMSNorm, then lm_head
+    model = _decoder(layers, d, heads, kv, d_ff, act, "rmsnorm", False, scale, head)
+    if fam.model_type == "qwen3":  # q_norm, k_norm: RMSNorm over each head's head_dim, weight 1, before rotary
+        model["qk_norm"] = "head"
     return {
-        "model": _decoder(layers, d, heads, kv, d_ff, act, "rmsnorm", False, scale, head),
+        "model": model,
         "sequence": {"length": length, "vocab": vocab, "embeddings": ["token"]},
         "dropout": 0.0,  # no embedding or residual dropout in these families
         "attention_dropout": attn_drop,
@@ -372,6 +376,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("llama", _llama_like, ("layers", "model.layers"), _LLAMA_RULES, "attention_dropout"),
     Family("mistral", _llama_like, ("layers", "model.layers"), _LLAMA_RULES, "attention_dropout"),
     Family("qwen2", _llama_like, ("layers", "model.layers"), _LLAMA_RULES, "attention_dropout"),
+    Family("qwen3", _llama_like, ("layers", "model.layers"), _LLAMA_RULES, "attention_dropout"),
 )}
 
 # where the list of transformer blocks lives, tried in order (base models first, then wrappers); spelled out
@@ -379,7 +384,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
 BLOCK_PATHS = (
     "encoder.layer",  # BERT, RoBERTa, ELECTRA
     "h",  # GPT-2 base
-    "layers",  # GPT-NeoX, Llama, Mistral, Qwen2 base models
+    "layers",  # GPT-NeoX, Llama, Mistral, Qwen2, Qwen3 base models
     "transformer.h",  # GPT2LMHeadModel, nanoGPT
     "gpt_neox.layers",  # GPTNeoXForCausalLM
     "model.layers",  # LlamaForCausalLM & co.

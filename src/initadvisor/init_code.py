@@ -86,12 +86,16 @@ def render(spec) -> str:
 
 
 def residual_instructions(spec) -> list[str]:
-    """How to apply the residual scales, which live in the forward pass, not in the weights."""
+    """How to apply the residual scales (and, under a QK-norm, the softmax scale), which live in the forward
+    pass, not in the weights."""
     a, m = spec.res_attention, spec.res_mlp
+    qk = [f"QK-norm: attention logits = {spec.softmax_scale:.6g} * sum over the d_model / heads = {spec.d_head} "
+          "coordinates of q_i k_i (softmax_scale: the Q/K stds do not set beta under a QK-norm)"
+          ] if spec.qk_norm != "none" else []
     if (a.skip, a.block, m.skip, m.block) == (1.0, 1.0, 1.0, 1.0):
-        return ["residual scales are the standard ones (skip 1, block 1): nothing to change in forward()"]
+        return ["residual scales are the standard ones (skip 1, block 1): nothing to change in forward()", *qk]
     out = [f"attention sub-block: x = {a.skip:.6g} * x + {a.block:.6g} * attn(...)",
-           f"MLP sub-block:       x = {m.skip:.6g} * x + {m.block:.6g} * mlp(...)"]
+           f"MLP sub-block:       x = {m.skip:.6g} * x + {m.block:.6g} * mlp(...)", *qk]
     if spec.norm == "post":
         out.append("post-LN: the LayerNorm after each sum removes a common factor, so skip s and block b act "
                    "like skip 1 and block b/s: dividing the output-projection (o, ff_out) stds by s gives the "

@@ -130,9 +130,9 @@ def recipe_critical(spec: Spec, beta: float, alpha: float | None) -> Recipe:
         return Recipe("critical", "Q/K std for beta < beta_c/2", source, spec,
                       undefined=f"beta_c {status(beta_c_floor(beta), positive=True)}: the forward stream leaves "
                                 "the engine's range first (fix the forward variance, IA103)")
-    s = _with_init(spec, q=spec.qk_std_for_beta(beta), k=spec.qk_std_for_beta(beta))
-    s = replace(s, res_attention=Residual(skip, spec.res_attention.block))
-    return Recipe("critical", f"Q/K std for beta = {beta:.3g} (< beta_c/2); attention skip "
+    s = replace(spec.with_beta(beta), res_attention=Residual(skip, spec.res_attention.block))
+    knob = "softmax scale (QK-norm)" if spec.qk_norm != "none" else "Q/K std"
+    return Recipe("critical", f"{knob} for beta = {beta:.3g} (< beta_c/2); attention skip "
                   f"{skip:.3f} (the given one if above alpha_c, else {ALPHA_MARGIN} alpha_c)", source, s)
 
 
@@ -251,8 +251,9 @@ def recommend(spec: Spec, rho_max: float = 0.99, k: float = 2.0, alpha_mlp: bool
     given = Recipe("as-given", "the spec unchanged", spec.source or "", spec)
     first = analyse(spec, given.stack())
     beta, bc = beta_recommendation(spec, first.trace)
-    qk_std = None if status(beta, positive=True) else spec.qk_std_for_beta(beta)
-    a_c, a_how = alpha_c(spec if qk_std is None else _with_init(spec, q=qk_std, k=qk_std), rho_max)
+    defined = not status(beta, positive=True)
+    qk_std = spec.qk_std_for_beta(beta) if defined and spec.qk_norm == "none" else None
+    a_c, a_how = alpha_c(spec.with_beta(beta) if defined else spec, rho_max)
     a_m, a_m_how = alpha_c(spec, rho_max, "skip_m") if alpha_mlp else (None, "not requested (--alpha-mlp)")
     ds, dss = dslm(spec, k), dslm(spec, k, simplified=True)
     recipes = [given, recipe_critical(spec, beta, a_c), recipe_deepscalelm(spec, ds), recipe_deepscalelm(spec, dss),

@@ -150,6 +150,15 @@ def finite_size(spec, a) -> list[Finding]:
                              f"{show(t.beta_c[w], '.3f')}) at block {w + 1}", w + 1)]
 
 
+def qk_norm_beta(spec, a) -> list[Finding]:
+    if spec.qk_norm == "none":
+        return []
+    t, (x, w) = a.trace, _beta_ratio(a)
+    return [finding("IA203", f"QK-norm ({spec.qk_norm}): beta = softmax_scale {show(spec.softmax_scale, '.4g')} x "
+                             f"sqrt(d_head {spec.d_head}) / sqrt(ln T) = {show(t.beta[w], '.3f')} whatever the Q/K "
+                             f"init stds; beta/beta_c up to {show(x[w], '.3f')} (block {w + 1})", w + 1)]
+
+
 def _gradient_law(a) -> str:
     law = a.growth["gradient"]
     if law["law"] == "hyperbolic":
@@ -311,6 +320,19 @@ RULES: dict[str, Rule] = {r.code: r for r in [
         formula="beta_c / 2 <= beta < beta_c", source="Giorlandino & Goldt 2025, sec. 3.2 and B.3",
         fix="Lower the Q/K init std below beta_c / 2.",
         fails={"init": {"qk_beta": 1.0}}, passes={"init": {"qk_beta": 0.5}},
+    ),
+    Rule(
+        code="IA203", name="qk-norm-beta", severity="info", title="QK-norm sets beta",
+        threshold_key=None, criterion="model.qk_norm is head or all",
+        keys=("model.qk_norm", "model.softmax_scale", "sequence.length"), check=qk_norm_beta,
+        meaning="Queries and keys are normalised (unit per-coordinate variance, gains 1 at init) before the scores, "
+                "so the logits' scale, and beta, are fixed by the softmax scale and the norm gains: the Q/K init "
+                "std no longer moves beta (it only scales the Q/K gradients, through the norm's Jacobian).",
+        formula="beta = softmax_scale sqrt(d_head) g_q g_k / sqrt(ln T); beta_c = sqrt(2 / (1 - rho))",
+        source="Giorlandino & Goldt 2025, Result 1, with unit-variance queries and keys",
+        fix="Set beta with model.softmax_scale (or the norm gains), not the Q/K stds; `initadvisor recommend` "
+            "gives the critical recipe's scale.",
+        fails={"model": {"qk_norm": "head"}}, passes={"model": {"qk_norm": "none"}},
     ),
     Rule(
         code="IA301", name="exploding-gradient", severity="error", title="Exploding gradients towards the input",

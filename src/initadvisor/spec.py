@@ -17,6 +17,7 @@ from initadvisor.errors import SpecError, one_line  # noqa: F401  (re-exported: 
 MATRICES = ("q", "k", "v", "o", "ff_in", "ff_out", "embedding")
 NORMS = ("post", "pre", "none")
 NORM_TYPES = ("layernorm", "rmsnorm")
+QK_NORMS = ("none", "head", "all")  # a norm on the queries and keys: none, per head (Qwen3), over all heads (OLMo 2)
 ATTENTIONS = ("softmax", "centered")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "tanh", "linear", "swiglu", "geglu")
 EMBEDDINGS = ("token", "position", "segment")
@@ -77,6 +78,7 @@ class Spec:
     head_transform: bool = False
     logit_softcap: float | None = None
     head: MatrixInit | None = None  # the untied head's init; None when tied (it is the token embedding)
+    qk_norm: str = "none"  # QK_NORMS; the norm is of norm_type, with unit gains (their init in every family)
     source: str | None = field(default=None, compare=False)
     notes: tuple[str, ...] = field(default=(), compare=False)  # what an import could not model
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
@@ -103,6 +105,20 @@ class Spec:
         """Per-matrix Q/K std realising Giorlandino-Goldt's beta: s_Q s_K d scale sqrt(d_head) = beta sqrt(ln T)."""
         return math.sqrt(beta * math.sqrt(math.log(self.seq_len)) / (self.d_model * self.softmax_scale
                                                                         * math.sqrt(self.d_head)))
+
+    def scale_for_beta(self, beta: float) -> float:
+        """With a QK-norm (unit-variance queries and keys), the softmax scale realising beta:
+        scale sqrt(d_head) = beta sqrt(ln T)."""
+        return beta * math.sqrt(math.log(self.seq_len)) / math.sqrt(self.d_head)
+
+    def with_beta(self, beta: float) -> "Spec":
+        """The spec with its attention at beta: Q/K stds, or the softmax scale under a QK-norm (which fixes the
+        logits' scale whatever the Q/K stds)."""
+        if self.qk_norm != "none":
+            return replace(self, softmax_scale=self.scale_for_beta(beta))
+        std = self.qk_std_for_beta(beta)
+        init = {**self.init, "q": replace(self.init["q"], std=std), "k": replace(self.init["k"], std=std)}
+        return replace(self, init=init, qk_beta=None)
 
     def line_of(self, key: str) -> int | None:
         while key:
@@ -135,7 +151,7 @@ class Spec:
                 "softmax_scale": self.softmax_scale, "embedding_norm": self.embedding_norm,
                 "parallel_residual": self.parallel_residual, "final_norm": self.final_norm,
                 "tie_embeddings": self.tie_embeddings, "head_transform": self.head_transform,
-                "logit_softcap": self.logit_softcap,
+                "logit_softcap": self.logit_softcap, "qk_norm": self.qk_norm,
             },
             "sequence": {
                 "length": self.seq_len, "vocab": self.vocab,
@@ -179,6 +195,7 @@ SCHEMA: dict[str, Any] = {
         "norm": NORMS, "norm_type": NORM_TYPES, "attention": ATTENTIONS, "out_proj": "bool", "causal": "bool",
         "activation": ACTIVATIONS, "softmax_scale": "pos?", "embedding_norm": "bool?", "parallel_residual": "bool",
         "final_norm": "bool", "tie_embeddings": "bool", "head_transform": "bool", "logit_softcap": "pos?",
+        "qk_norm": QK_NORMS,
     },
     "sequence": {"length": "posint", "vocab": "posint", "input_correlation": "corr", "embeddings": "embeddings"},
     "dropout": "prob",
@@ -452,7 +469,7 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
         ignore=tuple(c.upper() for c in data.get("ignore", project.get("ignore", []))),
         final_norm=m.get("final_norm", norm != "none"), tie_embeddings=tied, head_transform=m.get("head_transform", False),
         logit_softcap=None if m.get("logit_softcap") is None else float(m["logit_softcap"]),
-        head=None if tied else matrix("head"),
+        head=None if tied else matrix("head"), qk_norm=m.get("qk_norm", "none"),
         source=None if fname == "<spec>" else fname, lines=dict(lines),
     )
     try:
@@ -473,9 +490,7 @@ def _resolve_qk_beta(spec: Spec) -> Spec:
     """With init.qk_beta, the Q and K stds are the ones that realise it at the spec's T (001 eq. 9)."""
     if spec.qk_beta is None:
         return spec
-    std = spec.qk_std_for_beta(spec.qk_beta)
-    init = {**spec.init, "q": replace(spec.init["q"], std=std), "k": replace(spec.init["k"], std=std)}
-    return replace(spec, init=init)
+    return replace(spec.with_beta(spec.qk_beta), qk_beta=spec.qk_beta)
 
 
 def _check_consistency(spec: Spec) -> None:
@@ -493,3 +508,6 @@ def _check_consistency(spec: Spec) -> None:
         raise SpecError("skip and block cannot both be 0", key="residual.attention")
     if spec.res_mlp.skip == 0 and spec.res_mlp.block == 0:
         raise SpecError("skip and block cannot both be 0", key="residual.mlp")
+    if spec.qk_norm != "none" and spec.qk_beta is not None:
+        raise SpecError("sets the Q/K stds for a beta, but model.qk_norm normalises queries and keys: their scale, "
+                        "and beta, follow from model.softmax_scale", key="init.qk_beta")

@@ -14,8 +14,11 @@ from initadvisor.core.ops import BlockParams, Embeddings
 
 
 def spec_beta(spec) -> float:
-    """Giorlandino-Goldt beta of the spec: score std for unit inputs over sqrt(ln T) (THEORY.md 'Units')."""
-    sigma_a = spec.init["q"].std * spec.init["k"].std * spec.d_model * spec.softmax_scale * math.sqrt(spec.d_head)
+    """Giorlandino-Goldt beta of the spec: score std for unit inputs over sqrt(ln T) (THEORY.md 'Units'); under a
+    QK-norm the queries and keys have unit per-coordinate variance whatever the Q/K stds."""
+    sigma_a = spec.softmax_scale * math.sqrt(spec.d_head)
+    if spec.qk_norm == "none":
+        sigma_a *= spec.init["q"].std * spec.init["k"].std * spec.d_model
     return sigma_a / math.sqrt(math.log(spec.seq_len))
 
 
@@ -34,7 +37,7 @@ def block_params(spec) -> BlockParams:
         activation=spec.activation, dropout=spec.dropout, attn_dropout=spec.attention_dropout,
         skip_a=spec.res_attention.skip, block_a=spec.res_attention.block,
         skip_m=spec.res_mlp.skip, block_m=spec.res_mlp.block,
-        norm=spec.norm, centered=spec.attention == "centered", parallel=spec.parallel_residual,
+        qk_norm=spec.qk_norm, norm=spec.norm, centered=spec.attention == "centered", parallel=spec.parallel_residual,
         causal=spec.causal, norm_type=spec.norm_type, d_model=spec.d_model, heads=spec.heads,
         kv_heads=spec.kv_heads, d_ff=spec.d_ff, softmax_scale=spec.softmax_scale, out_proj=spec.out_proj,
         init={m: (init[m].std, init[m].bias_std) for m in ("q", "k", "v", "o", "ff_in", "ff_out")},

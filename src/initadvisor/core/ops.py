@@ -67,6 +67,7 @@ class BlockParams:
     skip_m: object = 1.0
     block_m: object = 1.0
     norm: str = "post"  # post | pre | none
+    qk_norm: str = "none"  # none | head | all: queries and keys normalised (norm_type, unit gain) before the scores
     centered: bool = False
     causal: bool = False  # forward: late-token rows (001 C.6); backward: causal column moments
     parallel: bool = False
@@ -415,7 +416,7 @@ class AttentionCache:
 
 @dataclass(frozen=True)
 class Attention:
-    """Softmax attention: Q, K, V projections (GQA: kv_heads K/V heads), scaled scores, causal mask, softmax as a
+    """Softmax attention: Q, K, V projections (GQA: kv_heads K/V heads), an optional QK-norm, scaled scores, causal mask, softmax as a
     Random Energy Model at init (001 Result 1), attention dropout, A V (minus the attended keys' mean of V when
     centered, 001 Algorithm 3), output projection."""
 
@@ -425,7 +426,7 @@ class Attention:
         """V projection, REM mixing, output projection (001 eq. 14, Result 1)."""
         P = self.P
         qq = q + P.q_bias
-        bc = att.beta_c(q, p, qq)
+        bc = att.beta_c(1.0, p / q) if P.qk_norm != "none" else att.beta_c(q, p, qq)  # QK-norm: unit q, keys at rho
         y2, yp, y3 = att.participation(P.beta, bc, (p + P.q_bias) / qq, P.seq_len)
         mom = att.mixing(y2, yp, P.seq_len, P.centered, P.attn_dropout)
         qv, pv = linear(q, p, P.g_v, P.b_v2)
@@ -470,7 +471,7 @@ class Attention:
             pbar = np.where(m > 1, (tot - trace) / (m * np.maximum(m - 1.0, 1.0)), qbar)
         qb = float(P.q_bias)
         qq = qf + qb
-        bc = att.beta_c(qbar, pbar, qq)
+        bc = att.beta_c(1.0, pbar / qbar) if P.qk_norm != "none" else att.beta_c(qbar, pbar, qq)
         y2, v = cz.rem_rows(P.beta, bc, lnT, m)
 
         g_v, b_v2 = float(P.g_v), float(P.b_v2)
@@ -517,8 +518,10 @@ class Attention:
         H, KV, dh = P.heads, P.kv_heads, P.d_head
         G = H // KV
         # head h = kv * G + g uses K/V head kv (consecutive heads share, like repeat_interleave)
-        q = _lin(u, w["wq"], w.get("bq")).reshape(B, T, KV, G, dh).transpose(0, 2, 3, 1, 4).reshape(B, KV, G * T, dh)
-        k = _lin(u, w["wk"], w.get("bk")).reshape(B, T, KV, dh).transpose(0, 2, 1, 3)
+        q, qn = self._qk_norm(_lin(u, w["wq"], w.get("bq")))
+        k, kn = self._qk_norm(_lin(u, w["wk"], w.get("bk")))
+        q = q.reshape(B, T, KV, G, dh).transpose(0, 2, 3, 1, 4).reshape(B, KV, G * T, dh)
+        k = k.reshape(B, T, KV, dh).transpose(0, 2, 1, 3)
         v = _lin(u, w["wv"], w.get("bv")).reshape(B, T, KV, dh).transpose(0, 2, 1, 3)
         s = _bmm(q, k.transpose(0, 1, 3, 2))  # (B, KV, G*T, T)
         s *= s.dtype.type(P.softmax_scale)
@@ -541,7 +544,22 @@ class Attention:
                 o -= v.mean(axis=2, keepdims=True)[:, :, None]
         o = o.reshape(B, KV, G, T, dh).transpose(0, 3, 1, 2, 4).reshape(B, T, d)
         y = _lin(o, w["wo"], w.get("bo")) if P.out_proj else o
-        return y, {"u": u, "q": q, "k": k, "v": v, "a": a, "mask": mask, "y2": y2}
+        return y, {"u": u, "q": q, "k": k, "v": v, "a": a, "mask": mask, "y2": y2, "qn": qn, "kn": kn}
+
+    def _qk_norm(self, x):
+        """The QK-norm of projected queries or keys (B, T, width): per head of d_head, or over the whole width."""
+        P = self.P
+        if P.qk_norm == "none":
+            return x, None
+        shape = (*x.shape[:2], -1, P.d_head) if P.qk_norm == "head" else x.shape
+        y, c = Norm(P.norm_type).forward(x.reshape(shape), None, None)
+        return y.reshape(x.shape), (shape, c)
+
+    def _qk_norm_backward(self, dy, cache):
+        if cache is None:
+            return dy
+        shape, c = cache
+        return Norm(self.P.norm_type).backward(dy.reshape(shape), None, c, None).reshape(dy.shape)
 
     def backward(self, dy, W, c, wgrads):
         P, w = self.P, W[id(self)]
@@ -574,6 +592,7 @@ class Attention:
         del da
         dq = dq.reshape(B, KV, G, T, dh).transpose(0, 3, 1, 2, 4).reshape(B, T, d)
         dk = dk.transpose(0, 2, 1, 3).reshape(B, T, KV * dh)
+        dq, dk = self._qk_norm_backward(dq, c["qn"]), self._qk_norm_backward(dk, c["kn"])
         dv = dv.transpose(0, 2, 1, 3).reshape(B, T, KV * dh)
         if wgrads is not None:
             ut = c["u"].transpose(0, 2, 1)
@@ -589,6 +608,10 @@ class Attention:
         mods = {m: _torch_linear(d, width, *P.init[m]) for m, width in (("q", d), ("k", kv), ("v", kv))}
         mods["o"] = _torch_linear(d, d, *P.init["o"]) if P.out_proj else nn.Identity()
         mods["attn_drop"] = nn.Dropout(P.attn_dropout)
+        if P.qk_norm != "none":
+            kind = nn.RMSNorm if P.norm_type == "rmsnorm" else nn.LayerNorm
+            mods.update({f"{m}_norm": kind(P.d_head if P.qk_norm == "head" else width, eps=EPS,
+                                            elementwise_affine=False) for m, width in (("q", d), ("k", kv))})
         return mods
 
     def torch_forward(self, m, u):
@@ -596,8 +619,14 @@ class Attention:
 
         P, (B, T, d) = self.P, u.shape
         h, g = P.heads, P.heads // P.kv_heads
-        q = m.q(u).view(B, T, h, P.d_head).transpose(1, 2)
-        k = m.k(u).view(B, T, P.kv_heads, P.d_head).transpose(1, 2).repeat_interleave(g, dim=1)
+        q, k = m.q(u), m.k(u)
+        if P.qk_norm == "all":
+            q, k = m.q_norm(q), m.k_norm(k)
+        q, k = q.view(B, T, h, P.d_head), k.view(B, T, P.kv_heads, P.d_head)
+        if P.qk_norm == "head":
+            q, k = m.q_norm(q), m.k_norm(k)
+        q = q.transpose(1, 2)
+        k = k.transpose(1, 2).repeat_interleave(g, dim=1)
         v = m.v(u).view(B, T, P.kv_heads, P.d_head).transpose(1, 2).repeat_interleave(g, dim=1)
         scores = (q @ k.transpose(-1, -2)) * P.softmax_scale
         mask = torch.ones(T, T, dtype=torch.bool, device=u.device).tril() if P.causal else None
