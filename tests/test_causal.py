@@ -284,8 +284,8 @@ def _ref_propagate(blocks, q0, p0, T):
     """Full T x T propagation (reference): rho over all positions and per third, per layer."""
     from initadvisor.core.causal import summarize
 
-    def norm(C):
-        s = 1.0 / np.sqrt(np.diag(C))
+    def norm(C):  # x / sqrt(mean x^2 + eps) per position
+        s = 1.0 / np.sqrt(np.diag(C) + blocks[0].norm_eps)
         return C * np.multiply.outer(s, s)
 
     def drop(C, rate):

@@ -20,9 +20,9 @@ from initadvisor.hf import SUPPORTED, import_config, read_hf_config, to_yaml
 from initadvisor.spec import MATRICES, SpecError, parse_spec
 
 DATA = Path(__file__).parent / "data" / "hf"
-FAMILIES = ("bert", "roberta", "electra", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3")
+FAMILIES = ("bert", "roberta", "electra", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "olmo2")
 BERT_LIKE = ("bert", "roberta", "electra")
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "olmo2")
 
 
 def cfg_path(family: str) -> Path:
@@ -64,7 +64,7 @@ def expected(family: str) -> dict:
             used={"num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "hidden_act",
                   "is_decoder", "add_cross_attention", "max_position_embeddings", "vocab_size", "type_vocab_size",
                   "hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range", "model_type",
-                  "tie_word_embeddings"}
+                  "tie_word_embeddings", "layer_norm_eps"}
             | ({"pad_token_id"} if family == "roberta" else set())
             | ({"embedding_size"} if family == "electra" else set()),
         )
@@ -81,7 +81,7 @@ def expected(family: str) -> dict:
             final_norm=True, tie_embeddings=c["tie_word_embeddings"], head_transform=False,  # ln_f, lm_head
             used={"n_layer", "n_embd", "n_head", "n_inner", "activation_function", "n_positions", "vocab_size",
                   "add_cross_attention", "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "initializer_range",
-                  "resid_pdrop", "embd_pdrop", "attn_pdrop", "model_type", "tie_word_embeddings"},
+                  "resid_pdrop", "embd_pdrop", "attn_pdrop", "model_type", "tie_word_embeddings", "layer_norm_epsilon"},
         )
     base = dict(
         layers=c["num_hidden_layers"], d_model=c["hidden_size"], heads=c["num_attention_heads"],
@@ -97,13 +97,14 @@ def expected(family: str) -> dict:
                     parallel_residual=c["use_parallel_residual"], dropout=c["hidden_dropout"],
                     used={"num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "hidden_act",
                           "use_parallel_residual", "max_position_embeddings", "vocab_size", "initializer_range",
-                          "hidden_dropout", "attention_dropout", "model_type", "tie_word_embeddings"})
+                          "hidden_dropout", "attention_dropout", "model_type", "tie_word_embeddings", "layer_norm_eps"})
     used = {"num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
             "hidden_act", "max_position_embeddings", "vocab_size", "head_dim", "initializer_range", "attention_dropout",
-            "model_type", "tie_word_embeddings"}
-    used |= {"sliding_window"} if family == "mistral" else {"use_sliding_window"} if family != "llama" else set()
+            "model_type", "tie_word_embeddings", "rms_norm_eps"}
+    used |= ({"sliding_window"} if family == "mistral" else set() if family in ("llama", "olmo2")
+             else {"use_sliding_window"})
     return dict(base, kv_heads=c["num_key_value_heads"], activation="swiglu", norm_type="rmsnorm",
-                parallel_residual=False, dropout=0.0, used=used)
+                parallel_residual=False, dropout=0.0, used=used, norm="reordered" if family == "olmo2" else "pre")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -115,7 +116,9 @@ def test_mapping_field_by_field(family: str) -> None:
                 "final_norm", "tie_embeddings", "head_transform"):
         assert getattr(spec, key) == exp[key], key
     assert spec.logit_softcap is None
-    assert spec.qk_norm == ("head" if family == "qwen3" else "none")
+    assert spec.qk_norm == {"qwen3": "head", "olmo2": "all"}.get(family, "none")
+    eps_key = next(k for k in ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps") if k in raw(family))
+    assert spec.norm_eps == raw(family)[eps_key] and exp["used"] >= {eps_key}
     # an untied head is an nn.Linear drawn like the rest (initializer_range), a tied one is the token embedding
     assert (spec.head is None) == spec.tie_embeddings
     assert spec.head_init.std == pytest.approx(raw(family)["initializer_range"], rel=1e-12)
@@ -297,7 +300,7 @@ PARAMS = {
 }
 for _f in ("roberta", "electra"):
     PARAMS[_f] = PARAMS["bert"]
-for _f in ("mistral", "qwen2", "qwen3"):
+for _f in ("mistral", "qwen2", "qwen3", "olmo2"):
     PARAMS[_f] = PARAMS["llama"]
 
 
@@ -338,7 +341,7 @@ def test_init_matches_real_model(models, family: str) -> None:
     if family == "gpt2":  # the depth-scaled c_proj really is 1/sqrt(2 n_layer) of the rest
         assert spec.init["o"].std == pytest.approx(spec.init["q"].std / math.sqrt(2 * spec.layers))
     biases = {n: p for n, p in params.items() if n.endswith("bias")}
-    if family not in ("llama", "mistral", "qwen3"):  # these have no biases by default
+    if family not in ("llama", "mistral", "qwen3", "olmo2"):  # these have no biases by default
         assert biases
     for n, b in biases.items():
         assert torch.count_nonzero(b) == 0, n  # bias_std 0 everywhere

@@ -140,13 +140,16 @@ def test_against_direct_sampling(V, s, cap, mu, own_std, n):
 
 def test_logit_std_and_what_it_reads():
     s = build_spec(spec_of(init={"std": 0.05}))
-    assert logit_std(s, 123.0) == pytest.approx(0.05 * 8)  # final norm (default): |h|^2 = d, q_final unused
+    assert logit_std(s, 123.0) == pytest.approx(0.05 * 8)  # final norm (default): |h|^2 = d q / (q + eps)
     no_norm = build_spec(spec_of(model={"final_norm": False}, init={"std": 0.05}))
     assert logit_std(no_norm, 4.0) == pytest.approx(0.05 * 8 * 2)  # |h|^2 = d q_L
     mlm = build_spec(spec_of(model={"final_norm": False, "head_transform": True}, init={"std": 0.05}))
     assert logit_std(mlm, 4.0) == pytest.approx(0.4)  # the transform ends in a LayerNorm
     own = build_spec(spec_of(model={"tie_embeddings": False}, init={"head": {"gain": 1, "bias_std": 0.5}}))
-    assert own.head_init.std == pytest.approx(1 / 8) and logit_std(own, 1.0) == pytest.approx(math.hypot(1, 0.5))
+    assert own.head_init.std == pytest.approx(1 / 8) and logit_std(own, 1e6) == pytest.approx(math.hypot(1, 0.5))
+    # the final norm outputs q / (q + eps): a stream as small as eps leaves half the variance
+    eps = build_spec(spec_of(model={"norm_eps": 1e-5}, init={"std": 0.05}))
+    assert logit_std(eps, 1e-5) == pytest.approx(0.05 * 8 / math.sqrt(2))
     capped = build_spec(spec_of(model={"logit_softcap": 2.0}, init={"std": 1.0}))
     assert 1.5 < logit_std(capped, 1.0) < 2.0  # s = 8 against c = 2: mostly saturated at +-2
     x = 8 * np.linspace(-9, 9, 200001)  # E (c tanh(z / c))^2, z ~ N(0, 64), by the trapezoid rule

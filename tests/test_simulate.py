@@ -22,7 +22,7 @@ except ImportError:
 
 def make_spec(**kw):
     """A small spec; keyword arguments override model keys, or top-level sections by their name."""
-    model = {"layers": 2, "d_model": 16, "heads": 4, "d_ff": 24}
+    model = {"layers": 2, "d_model": 16, "heads": 4, "d_ff": 24, "norm_eps": 1e-5}
     data = {"model": model, "sequence": {"length": 7, "vocab": 50},
             "init": {"std": 0.25, "q": {"std": 0.4, "bias_std": 0.1}, "k": {"std": 0.4, "bias_std": 0.2},
                      "v": {"bias_std": 0.1}, "o": {"bias_std": 0.1}, "ff_in": {"bias_std": 0.3},
@@ -43,10 +43,10 @@ def _t(a):
     return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
 
 
-def _torch_norm(x, kind):
+def _torch_norm(x, kind, eps):
     if kind == "layernorm":
-        return torch.nn.functional.layer_norm(x, x.shape[-1:], eps=1e-5)
-    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-5)
+        return torch.nn.functional.layer_norm(x, x.shape[-1:], eps=eps)
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
 
 
 def _torch_act(name, z):
@@ -122,7 +122,7 @@ def _torch_mlp(spec, w, u):
 def _torch_block(spec, w, h, c):
     sa, ba = spec.res_attention.skip, spec.res_attention.block
     sm, bm = spec.res_mlp.skip, spec.res_mlp.block
-    p, N = spec.dropout, (lambda x: _torch_norm(x, spec.norm_type))
+    p, N = spec.dropout, (lambda x: _torch_norm(x, spec.norm_type, spec.norm_eps))
     drop_a = lambda x: _torch_drop(x, c["m_att"], p)  # noqa: E731
     drop_m = lambda x: _torch_drop(x, c["m_mlp"], p)  # noqa: E731
     if spec.parallel_residual:

@@ -15,8 +15,9 @@ The mappings follow what `transformers` (5.x) does when it builds a randomly ini
   every norm gain 1 (`PreTrainedModel._init_weights`);
 * GPT-2 re-draws both `c_proj` weights (attention output and MLP down projection) with
   std = initializer_range / sqrt(2 * n_layer) (`GPT2PreTrainedModel._init_weights`);
-* GPT-NeoX, Llama, Mistral, Qwen2 and Qwen3 use the plain rule for every matrix (no depth scaling); Qwen3
-  normalises each head's queries and keys (RMSNorm, weight 1) before the scores;
+* GPT-NeoX, Llama, Mistral, Qwen2, Qwen3 and OLMo 2 use the plain rule for every matrix (no depth scaling);
+  Qwen3 normalises each head's queries and keys (RMSNorm, weight 1) before the scores, OLMo 2 all heads' queries
+  and keys at once, and puts its norms after each branch instead of before (h + RMSNorm(f(h)));
 * the output head (`...ForCausalLM.lm_head`, GPT-NeoX's `embed_out`, BERT's MLM decoder) is the token embedding
   when `tie_word_embeddings` (default true for GPT-2 and the BERT family, false for GPT-NeoX, Llama, Mistral,
   Qwen2), else an nn.Linear with the plain rule; the decoders end in a final norm (ln_f, final_layer_norm,
@@ -113,6 +114,11 @@ def _head(cfg: _Config, tied_default: bool, final_norm: bool, transform: bool) -
     return {"final_norm": final_norm, "tie_embeddings": tied, "head_transform": transform}
 
 
+def _eps(cfg: _Config, key: str, default: float) -> float:
+    """Every norm's epsilon (transformers' default for the family when absent)."""
+    return cfg.get(key, "float", default, spec_key="model.norm_eps")
+
+
 def _attention_scale(d: int, heads: int, head_dim: int, scale: float) -> float | None:
     """softmax_scale in the spec's terms (logits = scale * sum over d_model/heads coordinates), None if standard.
 
@@ -187,7 +193,8 @@ def _bert_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     return {
         "model": {"layers": layers, "d_model": d, "heads": heads, "kv_heads": heads, "d_ff": d_ff, "norm": "post",
                   "norm_type": "layernorm", "attention": "softmax", "out_proj": True, "causal": causal,
-                  "activation": act, "embedding_norm": True, "parallel_residual": False, **head},
+                  "activation": act, "embedding_norm": True, "parallel_residual": False, **head,
+                  "norm_eps": _eps(cfg, "layer_norm_eps", 1e-12)},
         "sequence": {"length": length, "vocab": vocab, "embeddings": embeddings},
         "dropout": drop, "attention_dropout": attn_drop,
         "init": _init(std, head["tie_embeddings"]),
@@ -261,7 +268,8 @@ def _gpt2(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     attn_drop = g(fam.attn_dropout_key, "prob", 0.1, spec_key="attention_dropout")
     head = _head(cfg, True, True, False)  # ln_f, then lm_head
     return {
-        "model": _decoder(layers, d, heads, heads, d_ff, act, "layernorm", False, scale, head),
+        "model": {**_decoder(layers, d, heads, heads, d_ff, act, "layernorm", False, scale, head),
+                  "norm_eps": _eps(cfg, "layer_norm_epsilon", 1e-5)},
         "sequence": {"length": length, "vocab": vocab, "embeddings": ["token", "position"]},
         "dropout": drop, "attention_dropout": attn_drop,
         "init": _init(std, head["tie_embeddings"], o=proj, ff_out=proj),
@@ -281,7 +289,8 @@ def _gpt_neox(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     attn_drop = g(fam.attn_dropout_key, "prob", 0.0, spec_key="attention_dropout")
     head = _head(cfg, False, True, False)  # final_layer_norm, then embed_out
     return {
-        "model": _decoder(layers, d, heads, heads, d_ff, act, "layernorm", parallel, None, head),
+        "model": {**_decoder(layers, d, heads, heads, d_ff, act, "layernorm", parallel, None, head),
+                  "norm_eps": _eps(cfg, "layer_norm_eps", 1e-5)},
         "sequence": {"length": length, "vocab": vocab, "embeddings": ["token"]},
         "dropout": drop, "attention_dropout": attn_drop,
         "init": _init(std, head["tie_embeddings"]),
@@ -309,8 +318,11 @@ def _llama_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     attn_drop = g(fam.attn_dropout_key, "prob", 0.0, spec_key="attention_dropout")
     head = _head(cfg, False, True, False)  # the final RMSNorm, then lm_head
     model = _decoder(layers, d, heads, kv, d_ff, act, "rmsnorm", False, scale, head)
+    model["norm_eps"] = _eps(cfg, "rms_norm_eps", 1e-5 if fam.model_type == "olmo2" else 1e-6)
     if fam.model_type == "qwen3":  # q_norm, k_norm: RMSNorm over each head's head_dim, weight 1, before rotary
         model["qk_norm"] = "head"
+    if fam.model_type == "olmo2":  # h + RMSNorm(f(h)) per branch; q_norm, k_norm over all heads' q and k
+        model.update(norm="reordered", qk_norm="all")
     return {
         "model": model,
         "sequence": {"length": length, "vocab": vocab, "embeddings": ["token"]},
@@ -321,7 +333,7 @@ def _llama_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
 
 
 def _sliding_window(cfg: _Config, mt: str, layers: int, length: int, notes: list[str]) -> None:
-    if mt == "llama":
+    if mt in ("llama", "olmo2"):
         return
     g = cfg.get
     if mt == "mistral":
@@ -377,6 +389,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("mistral", _llama_like, ("layers", "model.layers"), _LLAMA_RULES, "attention_dropout"),
     Family("qwen2", _llama_like, ("layers", "model.layers"), _LLAMA_RULES, "attention_dropout"),
     Family("qwen3", _llama_like, ("layers", "model.layers"), _LLAMA_RULES, "attention_dropout"),
+    Family("olmo2", _llama_like, ("layers", "model.layers"), _LLAMA_RULES, "attention_dropout"),
 )}
 
 # where the list of transformer blocks lives, tried in order (base models first, then wrappers); spelled out
@@ -384,7 +397,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
 BLOCK_PATHS = (
     "encoder.layer",  # BERT, RoBERTa, ELECTRA
     "h",  # GPT-2 base
-    "layers",  # GPT-NeoX, Llama, Mistral, Qwen2, Qwen3 base models
+    "layers",  # GPT-NeoX, Llama, Mistral, Qwen2, Qwen3, OLMo 2 base models
     "transformer.h",  # GPT2LMHeadModel, nanoGPT
     "gpt_neox.layers",  # GPTNeoXForCausalLM
     "model.layers",  # LlamaForCausalLM & co.

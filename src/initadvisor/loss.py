@@ -162,9 +162,11 @@ def expected_cross_entropy(V: int, s: float, cap: float | None = None, self_mean
 
 
 def hidden_moment(spec, q_final: float) -> float:
-    """Per-coordinate second moment of the hidden state the head reads: 1 after a unit-gain norm (the final
-    norm, or the LayerNorm ending BERT's MLM transform; |h|^2 = d), else the last block's q."""
-    return 1.0 if spec.final_norm or spec.head_transform else float(q_final)
+    """Per-coordinate second moment of the hidden state the head reads: 1 after the LayerNorm ending BERT's MLM
+    transform (|h|^2 = d), q / (q + eps) after the final norm, else the last block's q."""
+    if spec.head_transform:
+        return 1.0
+    return float(q_final) / (float(q_final) + spec.norm_eps) if spec.final_norm else float(q_final)
 
 
 def raw_logit_std(spec, q_final: float) -> float:
@@ -188,7 +190,7 @@ def own_token_moment(stack, trace) -> float:
     """c: the per-coordinate second moment of the current token's own embedding row in the final stream.
 
     The row enters with second moment std^2 (1/n of n summed tables, kept through an embedding norm), and only
-    the skip paths carry it on: a residual multiplies it by skip^2, a norm divides it by its input's q (post-LN);
+    the skip paths carry it on: a residual multiplies it by skip^2, a norm divides it by its input's q + eps;
     the branches' outputs are uncorrelated with it at init (their weights have mean 0)."""
     from initadvisor.core.ops import Norm, Residual
 
@@ -205,7 +207,8 @@ def own_token_moment(stack, trace) -> float:
             if isinstance(op, Residual):
                 c *= float(op.skip) ** 2
             elif isinstance(op, Norm):
-                c = c / float(q) if float(q) > 0 else 0.0  # a vanished stream carries no row
+                r = float(q) + op.eps
+                c = c / r if r > 0 else 0.0  # a vanished stream carries no row
             q, p, _ = op.moments(q, p)
     return c
 

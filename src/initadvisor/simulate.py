@@ -6,7 +6,7 @@ The network (the contract the analytic theory is checked against):
   drawn i.i.d. from a Zipf law p_i ~ 1/i over ``spec.vocab``, position row t for position t, ONE segment
   row shared by all tokens. With ``spec.input_correlation = rho`` instead x_t = sqrt(rho) c + sqrt(1-rho) e_t,
   c, e_t ~ N(0, n_tables std_e^2 I). Then the norm if ``spec.embedding_norm``, then dropout.
-* Norms have no affine parameters (gain 1, bias 0), eps 1e-5.
+* Norms have no affine parameters (gain 1, bias 0), eps ``spec.norm_eps``.
 * Attention: Q, K, V projections (with biases), ``heads`` heads (``kv_heads`` K/V heads shared by consecutive
   groups of heads), scores scaled by ``softmax_scale``, causal mask, softmax, attention dropout, A V (minus the
   mean of V over the attended keys for ``attention: centered``), concatenated, output projection if ``out_proj``.

@@ -15,7 +15,7 @@ from typing import Any
 from initadvisor.errors import SpecError, one_line  # noqa: F401  (re-exported: the historical home)
 
 MATRICES = ("q", "k", "v", "o", "ff_in", "ff_out", "embedding")
-NORMS = ("post", "pre", "none")
+NORMS = ("post", "pre", "sandwich", "reordered", "none")  # sandwich: Gemma 2/3; reordered: OLMo 2
 NORM_TYPES = ("layernorm", "rmsnorm")
 QK_NORMS = ("none", "head", "all")  # a norm on the queries and keys: none, per head (Qwen3), over all heads (OLMo 2)
 ATTENTIONS = ("softmax", "centered")
@@ -79,6 +79,7 @@ class Spec:
     logit_softcap: float | None = None
     head: MatrixInit | None = None  # the untied head's init; None when tied (it is the token embedding)
     qk_norm: str = "none"  # QK_NORMS; the norm is of norm_type, with unit gains (their init in every family)
+    norm_eps: float = 0.0  # every norm's epsilon: x / sqrt(mean x^2 + eps)
     source: str | None = field(default=None, compare=False)
     notes: tuple[str, ...] = field(default=(), compare=False)  # what an import could not model
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
@@ -151,7 +152,7 @@ class Spec:
                 "softmax_scale": self.softmax_scale, "embedding_norm": self.embedding_norm,
                 "parallel_residual": self.parallel_residual, "final_norm": self.final_norm,
                 "tie_embeddings": self.tie_embeddings, "head_transform": self.head_transform,
-                "logit_softcap": self.logit_softcap, "qk_norm": self.qk_norm,
+                "logit_softcap": self.logit_softcap, "qk_norm": self.qk_norm, "norm_eps": self.norm_eps,
             },
             "sequence": {
                 "length": self.seq_len, "vocab": self.vocab,
@@ -195,7 +196,7 @@ SCHEMA: dict[str, Any] = {
         "norm": NORMS, "norm_type": NORM_TYPES, "attention": ATTENTIONS, "out_proj": "bool", "causal": "bool",
         "activation": ACTIVATIONS, "softmax_scale": "pos?", "embedding_norm": "bool?", "parallel_residual": "bool",
         "final_norm": "bool", "tie_embeddings": "bool", "head_transform": "bool", "logit_softcap": "pos?",
-        "qk_norm": QK_NORMS,
+        "qk_norm": QK_NORMS, "norm_eps": "eps",
     },
     "sequence": {"length": "posint", "vocab": "posint", "input_correlation": "corr", "embeddings": "embeddings"},
     "dropout": "prob",
@@ -382,6 +383,8 @@ def _check_value(v: Any, kind: Any, key: str, lines: dict[str, int], fname: str)
             raise bad(f"must be a number in [0, 1e6), got {v}")
         if kind == "prob" and not 0 <= v < 1:
             raise bad(f"must be a probability in [0, 1), got {v}")
+        if kind == "eps" and not 0 <= v < 1:
+            raise bad(f"must be a number in [0, 1), got {v}")
 
 
 def check_codes(v: Any) -> str | None:
@@ -470,6 +473,7 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
         final_norm=m.get("final_norm", norm != "none"), tie_embeddings=tied, head_transform=m.get("head_transform", False),
         logit_softcap=None if m.get("logit_softcap") is None else float(m["logit_softcap"]),
         head=None if tied else matrix("head"), qk_norm=m.get("qk_norm", "none"),
+        norm_eps=float(m.get("norm_eps", 0.0)),
         source=None if fname == "<spec>" else fname, lines=dict(lines),
     )
     try:

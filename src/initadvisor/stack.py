@@ -37,7 +37,7 @@ def block_params(spec) -> BlockParams:
         activation=spec.activation, dropout=spec.dropout, attn_dropout=spec.attention_dropout,
         skip_a=spec.res_attention.skip, block_a=spec.res_attention.block,
         skip_m=spec.res_mlp.skip, block_m=spec.res_mlp.block,
-        qk_norm=spec.qk_norm, norm=spec.norm, centered=spec.attention == "centered", parallel=spec.parallel_residual,
+        qk_norm=spec.qk_norm, norm_eps=spec.norm_eps, norm=spec.norm, centered=spec.attention == "centered", parallel=spec.parallel_residual,
         causal=spec.causal, norm_type=spec.norm_type, d_model=spec.d_model, heads=spec.heads,
         kv_heads=spec.kv_heads, d_ff=spec.d_ff, softmax_scale=spec.softmax_scale, out_proj=spec.out_proj,
         init={m: (init[m].std, init[m].bias_std) for m in ("q", "k", "v", "o", "ff_in", "ff_out")},
@@ -47,7 +47,8 @@ def block_params(spec) -> BlockParams:
 def embeddings(spec) -> Embeddings:
     return Embeddings(tables=tuple(spec.embeddings), vocab=spec.vocab, d_model=spec.d_model, seq_len=spec.seq_len,
                       std=spec.init["embedding"].std, input_correlation=spec.input_correlation,
-                      norm=spec.norm_type if spec.embedding_norm else None, dropout=spec.dropout)
+                      norm=spec.norm_type if spec.embedding_norm else None, dropout=spec.dropout,
+                      norm_eps=spec.norm_eps)
 
 
 def from_spec(spec, per_layer: dict[str, np.ndarray] | None = None, **fields) -> Stack:

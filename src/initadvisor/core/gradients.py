@@ -74,15 +74,16 @@ def gradient_growth(grad_q: np.ndarray, q: np.ndarray, norm: str) -> dict:
     """Gradient second moment from the top (index L) to the input: `blocks` (index 1, the gate's measure)
     and `end_to_end` (index 0, which adds the embedding stage: a first norm divides by the embedding q).
 
-    Pre-LN: hyperbolic, grad_l ~ (q_L / q_l)^C (004 E.1.2: (N/n)^C_g); post-LN and no norm: exponential
-    with a per-layer factor C5, grad_l ~ C5^(L - l) (004 E.2, eq. 3). The fit is over layers 1..L.
+    Pre-LN (and norms inside the branches): hyperbolic, grad_l ~ (q_L / q_l)^C (004 E.1.2: (N/n)^C_g); post-LN
+    and no norm: exponential with a per-layer factor C5, grad_l ~ C5^(L - l) (004 E.2, eq. 3). The fit is over
+    layers 1..L.
     """
     L = len(grad_q) - 1
     ends = {"end_to_end": float(grad_q[0] / grad_q[-1]), "blocks": float(grad_q[1] / grad_q[-1])}
     if L < 3:
         return {"law": "too-shallow", **ends}
     g = np.log(np.maximum(grad_q[1:], 1e-300))
-    if norm == "pre" and q[-1] > 1.05 * q[1]:
+    if norm in ("pre", "sandwich", "reordered") and q[-1] > 1.05 * q[1]:  # the stream grows by the branches
         a, c, r2 = _fit(np.log(q[-1] / q[1:]), g)
         return {"law": "hyperbolic", "exponent": c, "fit_r2": r2, **ends}
     a, s, r2 = _fit(np.arange(1, L + 1, dtype=float), g)

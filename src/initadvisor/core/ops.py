@@ -29,7 +29,6 @@ from initadvisor.core import attention as att
 from initadvisor.core import causal as cz
 from initadvisor.core import kernels
 
-EPS = 1e-5  # the norms' epsilon in the numpy and PyTorch networks
 GATED = {"swiglu": "silu", "geglu": "gelu"}  # gated MLP -> the activation of its gate
 EULER_GAMMA = 0.5772156649015329
 _K_TANH = math.sqrt(2.0 / math.pi)
@@ -66,7 +65,8 @@ class BlockParams:
     block_a: object = 1.0
     skip_m: object = 1.0
     block_m: object = 1.0
-    norm: str = "post"  # post | pre | none
+    norm_eps: float = 0.0  # every norm's epsilon
+    norm: str = "post"  # post | pre | sandwich (norm before and after each branch) | reordered (after only) | none
     qk_norm: str = "none"  # none | head | all: queries and keys normalised (norm_type, unit gain) before the scores
     centered: bool = False
     causal: bool = False  # forward: late-token rows (001 C.6); backward: causal column moments
@@ -87,14 +87,18 @@ class BlockParams:
 
 
 def block(P: BlockParams) -> tuple:
-    """The block recipes as data: post-LN (001 Algorithm 1), pre-LN (Algorithm 2), no norm, and the parallel
-    pre-LN block of GPT-NeoX (h + attn(N h) + mlp(N h)). Centered attention (Algorithm 3) is a flag of Attention."""
-    norm, drop, attn, mlp = Norm(P.norm_type), Dropout(P.dropout), Attention(P), MLP(P)
+    """The block recipes as data: post-LN (001 Algorithm 1), pre-LN (Algorithm 2), no norm, the parallel
+    pre-LN block of GPT-NeoX (h + attn(N h) + mlp(N h)), and the norms inside the branch: sandwich
+    (h + N(f(N h)), Gemma 2/3) and reordered (h + N(f(h)), OLMo 2). Centered attention (Algorithm 3) is a flag of
+    Attention."""
+    norm, drop, attn, mlp = Norm(P.norm_type, P.norm_eps), Dropout(P.dropout), Attention(P), MLP(P)
     if P.parallel:
         return (Residual(P.skip_a, ((P.block_a, (attn, drop)), (P.block_m, (mlp, drop))), shared=(norm,)),)
-    if P.norm == "pre":
-        return (Residual(P.skip_a, ((P.block_a, (norm, attn, drop)),)),
-                Residual(P.skip_m, ((P.block_m, (norm, mlp, drop)),)))
+    if P.norm in ("pre", "sandwich", "reordered"):
+        before = () if P.norm == "reordered" else (norm,)
+        after = () if P.norm == "pre" else (norm,)
+        return (Residual(P.skip_a, ((P.block_a, (*before, attn, *after, drop)),)),
+                Residual(P.skip_m, ((P.block_m, (*before, mlp, *after, drop)),)))
     ra, rm = Residual(P.skip_a, ((P.block_a, (attn, drop)),)), Residual(P.skip_m, ((P.block_m, (mlp, drop)),))
     return (ra, norm, rm, norm) if P.norm == "post" else (ra, rm)
 
@@ -224,22 +228,26 @@ def _torch_linear(d_in: int, d_out: int, std: float, bias_std: float):
 
 @dataclass(frozen=True)
 class Norm:
-    """LayerNorm or RMSNorm without affine parameters (their init: gain 1, bias 0)."""
+    """LayerNorm or RMSNorm without affine parameters (their init: gain 1, bias 0), x / sqrt(mean x^2 + eps)."""
 
     kind: str = "layernorm"  # layernorm | rmsnorm
+    eps: float = 0.0
 
     def moments(self, q, p):
-        """q <- 1, p <- p / q (001 sec. 4 'LayerNorm'; 004 A.6)."""
-        return np.ones_like(np.asarray(q, dtype=float)), p / q, q
+        """q <- q / (q + eps), p <- p / (q + eps) (001 sec. 4 'LayerNorm'; 004 A.6): the mean square over d
+        coordinates concentrates at q, so eps matters where a branch's output is as small as eps (OLMo 2 at init)."""
+        r = q + self.eps
+        return q / r, p / r, r
 
-    def moments_backward(self, gq, gp, q_in):
-        """Divides by the input's q (004 A.6, Xu et al. eq. 17 at large d)."""
-        return gq / q_in, gp / q_in
+    def moments_backward(self, gq, gp, r):
+        """Divides by the input's q + eps (004 A.6, Xu et al. eq. 17 at large d)."""
+        return gq / r, gp / r
 
     def causal(self, G, S):
-        """Per position: C[m, n] / sqrt(q_m q_n)."""
-        w = cz.gmean(G, 1.0 / np.sqrt(S.qf))
-        return cz.State(np.ones_like(S.qf), S.P * np.multiply.outer(w, w)), None
+        """Per position: C[m, n] / sqrt((q_m + eps) (q_n + eps))."""
+        r = S.qf + self.eps
+        w = cz.gmean(G, 1.0 / np.sqrt(r))
+        return cz.State(S.qf / r, S.P * np.multiply.outer(w, w)), None
 
     def draws(self):
         return ()
@@ -247,10 +255,10 @@ class Norm:
     def forward(self, x, W, rng):
         if self.kind == "layernorm":
             y = x - x.mean(-1, keepdims=True)
-            r = 1.0 / np.sqrt((y * y).mean(-1, keepdims=True) + EPS)
+            r = 1.0 / np.sqrt((y * y).mean(-1, keepdims=True) + self.eps)
         else:  # rmsnorm
             y = x.copy()
-            r = 1.0 / np.sqrt((x * x).mean(-1, keepdims=True) + EPS)
+            r = 1.0 / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps)
         y *= r
         return y, (y, r)
 
@@ -266,7 +274,7 @@ class Norm:
         from torch import nn
 
         kind = nn.RMSNorm if self.kind == "rmsnorm" else nn.LayerNorm
-        return {"norm": kind(d, eps=EPS, elementwise_affine=False)}
+        return {"norm": kind(d, eps=self.eps, elementwise_affine=False)}
 
     def torch_forward(self, m, x):
         return m.norm(x)
@@ -426,7 +434,7 @@ class Attention:
         """V projection, REM mixing, output projection (001 eq. 14, Result 1)."""
         P = self.P
         qq = q + P.q_bias
-        bc = att.beta_c(1.0, p / q) if P.qk_norm != "none" else att.beta_c(q, p, qq)  # QK-norm: unit q, keys at rho
+        bc = self._qk_normed_beta_c(q, p, qq) if P.qk_norm != "none" else att.beta_c(q, p, qq)
         y2, yp, y3 = att.participation(P.beta, bc, (p + P.q_bias) / qq, P.seq_len)
         mom = att.mixing(y2, yp, P.seq_len, P.centered, P.attn_dropout)
         qv, pv = linear(q, p, P.g_v, P.b_v2)
@@ -471,7 +479,7 @@ class Attention:
             pbar = np.where(m > 1, (tot - trace) / (m * np.maximum(m - 1.0, 1.0)), qbar)
         qb = float(P.q_bias)
         qq = qf + qb
-        bc = att.beta_c(1.0, pbar / qbar) if P.qk_norm != "none" else att.beta_c(qbar, pbar, qq)
+        bc = self._qk_normed_beta_c(qbar, pbar, qq) if P.qk_norm != "none" else att.beta_c(qbar, pbar, qq)
         y2, v = cz.rem_rows(P.beta, bc, lnT, m)
 
         g_v, b_v2 = float(P.g_v), float(P.b_v2)
@@ -546,20 +554,27 @@ class Attention:
         y = _lin(o, w["wo"], w.get("bo")) if P.out_proj else o
         return y, {"u": u, "q": q, "k": k, "v": v, "a": a, "mask": mask, "y2": y2, "qn": qn, "kn": kn}
 
+    def _qk_normed_beta_c(self, q, p, qq):
+        """beta_c after a QK-norm: queries and keys of per-coordinate variance a = g q / (g q + eps) (1 when the
+        projection's variance g q dwarfs eps), keys at the input's correlation p / q."""
+        P = self.P
+        a_k = P.g_k * q / (P.g_k * q + P.norm_eps)
+        return att.beta_c(a_k, a_k * p / q, P.g_q * qq / (P.g_q * qq + P.norm_eps))
+
     def _qk_norm(self, x):
         """The QK-norm of projected queries or keys (B, T, width): per head of d_head, or over the whole width."""
         P = self.P
         if P.qk_norm == "none":
             return x, None
         shape = (*x.shape[:2], -1, P.d_head) if P.qk_norm == "head" else x.shape
-        y, c = Norm(P.norm_type).forward(x.reshape(shape), None, None)
+        y, c = Norm(P.norm_type, P.norm_eps).forward(x.reshape(shape), None, None)
         return y.reshape(x.shape), (shape, c)
 
     def _qk_norm_backward(self, dy, cache):
         if cache is None:
             return dy
         shape, c = cache
-        return Norm(self.P.norm_type).backward(dy.reshape(shape), None, c, None).reshape(dy.shape)
+        return Norm(self.P.norm_type, self.P.norm_eps).backward(dy.reshape(shape), None, c, None).reshape(dy.shape)
 
     def backward(self, dy, W, c, wgrads):
         P, w = self.P, W[id(self)]
@@ -610,7 +625,7 @@ class Attention:
         mods["attn_drop"] = nn.Dropout(P.attn_dropout)
         if P.qk_norm != "none":
             kind = nn.RMSNorm if P.norm_type == "rmsnorm" else nn.LayerNorm
-            mods.update({f"{m}_norm": kind(P.d_head if P.qk_norm == "head" else width, eps=EPS,
+            mods.update({f"{m}_norm": kind(P.d_head if P.qk_norm == "head" else width, eps=P.norm_eps,
                                             elementwise_affine=False) for m, width in (("q", d), ("k", kv))})
         return mods
 
@@ -832,6 +847,7 @@ class Embeddings:
     input_correlation: float | None = None  # None: from the tables
     norm: str | None = None  # the embedding norm's kind, or None
     dropout: float = 0.0
+    norm_eps: float = 0.0
 
     @property
     def rho0(self) -> float:
@@ -846,7 +862,7 @@ class Embeddings:
         rho0 = self.rho0
         q = len(self.tables) * self.std**2
         if self.norm:
-            q = 1.0
+            q = Norm(self.norm, self.norm_eps).moments(q, 0.0)[0]
         return q / (1 - self.dropout), rho0 * q
 
     def forward(self, batch: int, rng: np.random.Generator, dt: np.dtype) -> np.ndarray:
@@ -871,7 +887,7 @@ class Embeddings:
                 elif table == "segment":
                     x += normal(rng, (d,), std, dt)[None, None]
         if self.norm:
-            x = Norm(self.norm).forward(x, {}, rng)[0]
+            x = Norm(self.norm, self.norm_eps).forward(x, {}, rng)[0]
         return dropout(x, self.dropout, rng)[0]
 
     def torch_build(self, make, d: int):
@@ -881,7 +897,7 @@ class Embeddings:
         tables = nn.ModuleDict({t: nn.Embedding(sizes[t], d) for t in self.tables})
         for table in tables.values():
             nn.init.normal_(table.weight, 0.0, self.std)
-        norm = make(Norm(self.norm)) if self.norm else nn.Identity()
+        norm = make(Norm(self.norm, self.norm_eps)) if self.norm else nn.Identity()
         return {"tables": tables, "emb_norm": norm, "drop": nn.Dropout(self.dropout)}
 
     def torch_forward(self, m, input_ids):

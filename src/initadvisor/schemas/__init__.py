@@ -47,6 +47,7 @@ def _kind(kind: Any, key: str) -> dict[str, Any]:
         "pos": lambda: _number(1e-8, 1e6),
         "nonneg": lambda: _number(0, 1e6),
         "prob": lambda: _number(0, 1),
+        "eps": lambda: _number(0, 1),
         "corr": lambda: {"anyOf": [{"const": "auto"}, _number(0, 1)]},
         "threshold": lambda: _number(*THRESHOLD_RANGE, hi_open=False),
         "codes": lambda: {"type": "array", "items": {"type": "string", "pattern": "^[Ii]([Aa][0-9]*)?$"}},
