@@ -31,7 +31,7 @@ import yaml
 
 from initadvisor import schemas
 from initadvisor.rules import RULES
-from initadvisor.spec import ACTIVATIONS, ATTENTIONS, EMBEDDINGS, MATRICES, NORM_TYPES, NORMS, THRESHOLDS
+from initadvisor.spec import ACTIVATIONS, ATTENTIONS, EMBEDDINGS, MATRICES, NORM_TYPES, NORMS, QK_NORMS, THRESHOLDS
 
 ROOT = Path(__file__).resolve().parents[1]
 HF_DIR = ROOT / "tests" / "data" / "hf"
@@ -115,6 +115,8 @@ def valid_spec(r, max_layers: int = 2000, small: bool = False) -> dict:
     opt(model, "tie_embeddings", lambda: r.coin(), 0.4)
     opt(model, "head_transform", lambda: r.coin(), 0.2)
     opt(model, "logit_softcap", lambda: None if r.coin(0.2) else real(r, 1e-8, 999999.0, (1.0, 50.0)), 0.2)
+    opt(model, "norm_eps", lambda: real(r, 0.0, 0.999, (1e-12, 1e-5)), 0.3)
+    opt(model, "embedding_scale", lambda: real(r, 1e-8, 999999.0, (1.0, 64.0)), 0.2)
     seq: dict = {}
     opt(seq, "length", lambda: max(2, int(r.real(2, 32 if small else 1e7, log=True))))
     opt(seq, "vocab", lambda: max(1, int(r.real(1, 1e9, log=True))))
@@ -142,6 +144,8 @@ def valid_spec(r, max_layers: int = 2000, small: bool = False) -> dict:
         init[m] = e
     if use_beta:
         opt(init, "qk_beta", lambda: real(r, 1e-8, 999999.0, (0.01, 3.0)), 0.8)
+    else:  # a QK-norm fixes beta by the softmax scale: qk_beta is refused with it
+        opt(model, "qk_norm", lambda: r.choice(QK_NORMS), 0.3)
     if model.get("tie_embeddings") is False and r.coin(0.6):  # an untied head's own init
         init["head"] = {"std": real(r, 1e-8, 999999.0, (0.005, 0.2))} if r.coin() else \
             {"gain": real(r, 1e-8, 999999.0, (0.1, 4.0))}

@@ -89,7 +89,7 @@ def test_rules_match_real_modules_of_the_right_shape(models, family: str) -> Non
     d, d_ff, kv = spec.d_model, spec.d_ff, spec.kv_heads * spec.d_head
     d_emb = getattr(config, "embedding_size", d)  # ELECTRA's embeddings are narrower
     out_in = {"q": (d, d), "k": (kv, d), "v": (kv, d), "o": (d, d), "ff_in": (d_ff, d), "ff_out": (d, d_ff),
-              "qkv": (3 * d, d), "qkv-neox": (3 * d, d)}
+              "qkv": (d + 2 * kv, d), "qkv-neox": (3 * d, d)}  # qkv: [q | k | v] rows (Phi-3: GQA)
     matrices = {n: m for n, m in model.named_modules()
                 if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2}
     for suffix, role in fam.rules:
@@ -98,7 +98,8 @@ def test_rules_match_real_modules_of_the_right_shape(models, family: str) -> Non
         for n in hits:
             w = matrices[n].weight
             shape = tuple(w.T.shape if type(matrices[n]).__name__ == "Conv1D" else w.shape)
-            assert shape[1] == d_emb if role == "embedding" else shape == out_in[role], (n, shape)
+            want = (2 * d_ff, d) if suffix == "mlp.gate_up_proj" else out_in.get(role)  # Phi-3: [gate | up] rows
+            assert shape[1] == d_emb if role == "embedding" else shape == want, (n, shape)
     # the snippet's full rule list gives every matrix the family's role: no other family's suffix shadows one
     for n in matrices:
         fam_hit, hit = _first_match(n, fam.rules), _first_match(n, RULES)

@@ -20,9 +20,11 @@ from initadvisor.hf import SUPPORTED, import_config, read_hf_config, to_yaml
 from initadvisor.spec import MATRICES, SpecError, parse_spec
 
 DATA = Path(__file__).parent / "data" / "hf"
-FAMILIES = ("bert", "roberta", "electra", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "olmo2")
+FAMILIES = ("bert", "roberta", "electra", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3",
+            "gemma2", "gemma3_text")
+GEMMA = ("gemma2", "gemma3_text")
 BERT_LIKE = ("bert", "roberta", "electra")
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "olmo2")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3")
 
 
 def cfg_path(family: str) -> Path:
@@ -98,13 +100,25 @@ def expected(family: str) -> dict:
                     used={"num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "hidden_act",
                           "use_parallel_residual", "max_position_embeddings", "vocab_size", "initializer_range",
                           "hidden_dropout", "attention_dropout", "model_type", "tie_word_embeddings", "layer_norm_eps"})
+    if family in GEMMA:  # sandwich norms, embeddings x sqrt(d), GeGLU, logits scaled by query_pre_attn_scalar^-0.5
+        hd = c["hidden_size"] // c["num_attention_heads"]
+        return dict(base, kv_heads=c["num_key_value_heads"], activation="geglu", norm_type="rmsnorm", norm="sandwich",
+                    parallel_residual=False, dropout=0.0, tie_embeddings=c["tie_word_embeddings"],
+                    softmax_scale=c["query_pre_attn_scalar"] ** -0.5 * math.sqrt(c["head_dim"] / hd),
+                    used={"num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                          "intermediate_size", "hidden_activation", "max_position_embeddings", "vocab_size",
+                          "head_dim", "query_pre_attn_scalar", "initializer_range", "attention_dropout", "model_type",
+                          "tie_word_embeddings", "rms_norm_eps", "sliding_window", "layer_types",
+                          "use_bidirectional_attention", "attn_logit_softcapping", "final_logit_softcapping"})
     used = {"num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
             "hidden_act", "max_position_embeddings", "vocab_size", "head_dim", "initializer_range", "attention_dropout",
             "model_type", "tie_word_embeddings", "rms_norm_eps"}
-    used |= ({"sliding_window"} if family == "mistral" else set() if family in ("llama", "olmo2")
+    used |= ({"sliding_window"} if family in ("mistral", "phi3") else set() if family in ("llama", "olmo2")
              else {"use_sliding_window"})
+    used |= {"resid_pdrop"} if family == "phi3" else set()  # embd_pdrop: never applied by transformers' Phi3Model
     return dict(base, kv_heads=c["num_key_value_heads"], activation="swiglu", norm_type="rmsnorm",
-                parallel_residual=False, dropout=0.0, used=used, norm="reordered" if family == "olmo2" else "pre")
+                parallel_residual=False, dropout=c.get("resid_pdrop", 0.0), used=used,
+                norm="reordered" if family == "olmo2" else "pre")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -115,8 +129,9 @@ def test_mapping_field_by_field(family: str) -> None:
                 "causal", "parallel_residual", "seq_len", "vocab", "embeddings", "dropout", "attention_dropout",
                 "final_norm", "tie_embeddings", "head_transform"):
         assert getattr(spec, key) == exp[key], key
-    assert spec.logit_softcap is None
-    assert spec.qk_norm == {"qwen3": "head", "olmo2": "all"}.get(family, "none")
+    assert spec.logit_softcap == raw(family).get("final_logit_softcapping")
+    assert spec.embedding_scale == (math.sqrt(spec.d_model) if family in GEMMA else 1.0)
+    assert spec.qk_norm == {"qwen3": "head", "olmo2": "all", "gemma3_text": "head"}.get(family, "none")
     eps_key = next(k for k in ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps") if k in raw(family))
     assert spec.norm_eps == raw(family)[eps_key] and exp["used"] >= {eps_key}
     # an untied head is an nn.Linear drawn like the rest (initializer_range), a tied one is the token embedding
@@ -143,7 +158,8 @@ def test_family_notes() -> None:
     assert "0.25" in joined["gpt_neox"]  # partial rotary
     for f in ("bert", "gpt2"):
         assert "rotary" not in joined[f]
-    assert "embd_pdrop=0.05" in joined["gpt2"] and "resid_pdrop=0.1" in joined["gpt2"]
+    gpt2 = import_config(cfg_path("gpt2"))[0]  # embd_pdrop 0.05 and resid_pdrop 0.1: both rates kept
+    assert (gpt2.embedding_dropout, gpt2.dropout) == (raw("gpt2")["embd_pdrop"], raw("gpt2")["resid_pdrop"])
     assert "embedding_size 32 != hidden_size 64" in joined["electra"]
     assert "pad_token_id + 1 = 2" in joined["roberta"]
     assert "sliding-window attention (window 64) in 2 of 2 layers" in joined["mistral"]
@@ -168,7 +184,8 @@ def test_yaml_round_trip(family: str) -> None:
 
 def test_read_returns_plain_layout() -> None:
     d, _ = read_hf_config(cfg_path("gpt2"))
-    assert set(d) == {"version", "name", "model", "sequence", "dropout", "attention_dropout", "init"}
+    assert set(d) == {"version", "name", "model", "sequence", "dropout", "embedding_dropout", "attention_dropout",
+                      "init"}  # GPT-2's test config drops the embeddings at 0.05, the branches at 0.1
     assert next(iter(d)) == "version" and d["version"] == 1  # imported specs carry the format version first
     assert d["init"]["o"] == {"std": pytest.approx(0.01), "bias_std": 0.0}
     assert "softmax_scale" not in d["model"]  # standard scale: left to the spec default
@@ -300,8 +317,10 @@ PARAMS = {
 }
 for _f in ("roberta", "electra"):
     PARAMS[_f] = PARAMS["bert"]
-for _f in ("mistral", "qwen2", "qwen3", "olmo2"):
+for _f in ("mistral", "qwen2", "qwen3", "olmo2", *GEMMA):
     PARAMS[_f] = PARAMS["llama"]
+PARAMS["phi3"] = {"qkv": ["qkv_proj."], "o": ["o_proj."], "ff_in": ["gate_up_proj."], "ff_out": ["down_proj."],
+                  "embedding": ["embed_tokens."]}
 
 
 @pytest.fixture(scope="module")
@@ -341,13 +360,13 @@ def test_init_matches_real_model(models, family: str) -> None:
     if family == "gpt2":  # the depth-scaled c_proj really is 1/sqrt(2 n_layer) of the rest
         assert spec.init["o"].std == pytest.approx(spec.init["q"].std / math.sqrt(2 * spec.layers))
     biases = {n: p for n, p in params.items() if n.endswith("bias")}
-    if family not in ("llama", "mistral", "qwen3", "olmo2"):  # these have no biases by default
+    if family not in ("llama", "mistral", "qwen3", "olmo2", "phi3", *GEMMA):  # these have no biases by default
         assert biases
     for n, b in biases.items():
         assert torch.count_nonzero(b) == 0, n  # bias_std 0 everywhere
     for n, p in params.items():  # norm gains 1, as the spec's norms assume
         if "norm" in n.lower() and n.endswith("weight"):
-            assert torch.all(p == 1), n
+            assert torch.all(p == (0 if family in GEMMA else 1)), n  # Gemma applies 1 + w
 
 
 def test_real_model_structure_matches_spec(models) -> None:

@@ -230,8 +230,10 @@ def _parts(model: nn.Module, prefix: str | None, heads: int | None) -> list[_Par
 
 
 def _split(module: nn.Module, w: torch.Tensor, role: str, heads: int | None) -> list[tuple[str, torch.Tensor]]:
-    if role == "qkv":  # GPT-2 Conv1D (d, 3d), nanoGPT Linear (3d, d): [q | k | v]
-        return list(zip("qkv", w.chunk(3, dim=1 if type(module).__name__ == "Conv1D" else 0)))
+    if role == "qkv":  # GPT-2 Conv1D (d, 3d), nanoGPT or Phi-3 Linear (d + 2 kv, d): [q | k | v]
+        dim = 1 if type(module).__name__ == "Conv1D" else 0
+        d = w.shape[1 - dim]
+        return list(zip("qkv", w.split([d, (w.shape[dim] - d) // 2, (w.shape[dim] - d) // 2], dim=dim)))
     if heads is None:  # GPT-NeoX rows interleave per head: without the head count, one qkv tensor
         return [("qkv", w)]
     view = w.view(heads, 3, -1, w.shape[1])

@@ -17,7 +17,8 @@ The mappings follow what `transformers` (5.x) does when it builds a randomly ini
   std = initializer_range / sqrt(2 * n_layer) (`GPT2PreTrainedModel._init_weights`);
 * GPT-NeoX, Llama, Mistral, Qwen2, Qwen3 and OLMo 2 use the plain rule for every matrix (no depth scaling);
   Qwen3 normalises each head's queries and keys (RMSNorm, weight 1) before the scores, OLMo 2 all heads' queries
-  and keys at once, and puts its norms after each branch instead of before (h + RMSNorm(f(h)));
+  and keys at once, and puts its norms after each branch instead of before (h + RMSNorm(f(h))); Phi-3 fuses
+  q, k and v into one qkv_proj ([q | k | v] rows) and the gate and up projections into gate_up_proj;
 * the output head (`...ForCausalLM.lm_head`, GPT-NeoX's `embed_out`, BERT's MLM decoder) is the token embedding
   when `tie_word_embeddings` (default true for GPT-2 and the BERT family, false for GPT-NeoX, Llama, Mistral,
   Qwen2), else an nn.Linear with the plain rule; the decoders end in a final norm (ln_f, final_layer_norm,
@@ -201,13 +202,11 @@ def _bert_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     }
 
 
-def _dropouts(cfg: _Config, notes: list[str], resid: str, emb: str, default: float) -> float:
+def _dropouts(cfg: _Config, resid: str, emb: str, default: float) -> dict[str, float]:
+    """The spec's dropout (residual branches) and, where it differs, embedding_dropout."""
     r = cfg.get(resid, "prob", default, spec_key="dropout")
-    e = cfg.get(emb, "prob", default)
-    if r != e:
-        notes.append(f"embedding dropout {emb}={e} differs from residual dropout {resid}={r}: "
-                     f"the spec has one dropout rate, {resid} used")
-    return r
+    e = cfg.get(emb, "prob", default, spec_key="embedding_dropout")
+    return {"dropout": r, **({"embedding_dropout": e} if e != r else {})}
 
 
 def _rotary_note(cfg: _Config, notes: list[str], partial_key: str | None = None) -> None:
@@ -264,14 +263,14 @@ def _gpt2(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     proj = std / math.sqrt(2 * layers)
     notes.append(f"GPT-2 init: both c_proj weights (attention output, MLP down projection) have std "
                  f"initializer_range / sqrt(2 * n_layer) = {std:g} / sqrt({2 * layers}) = {proj:.6g}")
-    drop = _dropouts(cfg, notes, "resid_pdrop", "embd_pdrop", 0.1)
+    drop = _dropouts(cfg, "resid_pdrop", "embd_pdrop", 0.1)
     attn_drop = g(fam.attn_dropout_key, "prob", 0.1, spec_key="attention_dropout")
     head = _head(cfg, True, True, False)  # ln_f, then lm_head
     return {
         "model": {**_decoder(layers, d, heads, heads, d_ff, act, "layernorm", False, scale, head),
                   "norm_eps": _eps(cfg, "layer_norm_epsilon", 1e-5)},
         "sequence": {"length": length, "vocab": vocab, "embeddings": ["token", "position"]},
-        "dropout": drop, "attention_dropout": attn_drop,
+        **drop, "attention_dropout": attn_drop,
         "init": _init(std, head["tie_embeddings"], o=proj, ff_out=proj),
     }
 
@@ -307,11 +306,7 @@ def _llama_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
     head_dim = g("head_dim", "posint", None, spec_key="model.softmax_scale") or (d // heads if d >= heads else 1)
     scale = _attention_scale(d, heads, head_dim, head_dim ** -0.5)
-    if heads * head_dim != d:
-        notes.append(f"head_dim {head_dim} != hidden_size / num_attention_heads = {d / heads:g}: the spec assumes "
-                     f"heads * head_dim = d_model; the logit variance (scale head_dim^-0.5 over head_dim terms) is "
-                     f"that of the spec's default softmax_scale, but the output projection's fan-in "
-                     f"{heads * head_dim} is taken as {d}")
+    _head_dim_note(d, heads, head_dim, notes)
     _rotary_note(cfg, notes)
     _sliding_window(cfg, fam.model_type, layers, length, notes)
     std = _init_std(cfg, notes)
@@ -326,19 +321,82 @@ def _llama_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     return {
         "model": model,
         "sequence": {"length": length, "vocab": vocab, "embeddings": ["token"]},
-        "dropout": 0.0,  # no embedding or residual dropout in these families
+        # Phi-3 drops out both branches' outputs (resid_pdrop; transformers never applies its embd_pdrop); the
+        # other families have no residual or embedding dropout
+        **({"dropout": g("resid_pdrop", "prob", 0.0, spec_key="dropout"), "embedding_dropout": 0.0}
+           if fam.model_type == "phi3" else {"dropout": 0.0}),
         "attention_dropout": attn_drop,
         "init": _init(std, head["tie_embeddings"]),
     }
+
+
+def _gemma(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
+    """Gemma 2 and Gemma 3 (text): RMSNorm before and after each branch, weights stored as w and applied as 1 + w
+    (zero-initialised: gain 1), embeddings times sqrt(d), GeGLU, logits scaled by query_pre_attn_scalar^-0.5;
+    Gemma 2 soft-caps the attention and final logits, Gemma 3 normalises each head's queries and keys."""
+    g, mt = cfg.get, fam.model_type
+    layers, d, heads, d_ff = _shape(cfg)
+    kv = g("num_key_value_heads", "posint", heads, spec_key="model.kv_heads")
+    act = _activation(cfg, "hidden_activation", "gelu_pytorch_tanh", True, notes, aliases=("hidden_act",))
+    length = _seq(cfg, "max_position_embeddings")
+    vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
+    head_dim = g("head_dim", "posint", 256, spec_key="model.softmax_scale")
+    qpas = g("query_pre_attn_scalar", "float", 256, spec_key="model.softmax_scale")
+    scale = _attention_scale(d, heads, head_dim, qpas ** -0.5)
+    _head_dim_note(d, heads, head_dim, notes)
+    _rotary_note(cfg, notes)
+    _sliding_window(cfg, mt, layers, length, notes)
+    std = _init_std(cfg, notes)
+    if g("use_bidirectional_attention", "bool", None):
+        raise cfg.error("bidirectional attention (an encoder) is not modelled for Gemma", "use_bidirectional_attention")
+    cap = g("attn_logit_softcapping", "float", None, spec_key="model.softmax_scale")
+    if cap is not None:  # c tanh(s / c) is the identity to O((s / c)^2) where the logits' std s << c
+        s_max = std * std * d * (scale or head_dim ** -0.5) * math.sqrt(d // heads)  # q, k of unit inputs
+        if s_max > cap / 10:
+            raise cfg.error(f"attention soft-capping at {cap:g} with logits of std up to {s_max:.3g} at init is "
+                            "not modelled", "attn_logit_softcapping")
+        notes.append(f"attn_logit_softcapping {cap:g}: the logits' std at init (at most {s_max:.3g} for unit "
+                     "inputs) is far below the cap, where c tanh(s / c) = s")
+    notes.append("norm weights are stored as w and applied as 1 + w: zero-initialised, gain 1 at init")
+    head = _head(cfg, True, True, False)  # the final RMSNorm, then the tied head
+    model = _decoder(layers, d, heads, kv, d_ff, act, "rmsnorm", False, scale, head)
+    model.update(norm="sandwich", norm_eps=_eps(cfg, "rms_norm_eps", 1e-6), embedding_scale=math.sqrt(d),
+                 logit_softcap=g("final_logit_softcapping", "float", None, spec_key="model.logit_softcap"))
+    if mt == "gemma3_text":
+        model["qk_norm"] = "head"
+    return {
+        "model": model,
+        "sequence": {"length": length, "vocab": vocab, "embeddings": ["token"]},
+        "dropout": 0.0,
+        "attention_dropout": g(fam.attn_dropout_key, "prob", 0.0, spec_key="attention_dropout"),
+        "init": _init(std, head["tie_embeddings"]),
+    }
+
+
+def _head_dim_note(d: int, heads: int, head_dim: int, notes: list[str]) -> None:
+    if heads * head_dim != d:
+        notes.append(f"head_dim {head_dim} != hidden_size / num_attention_heads = {d / heads:g}: the spec assumes "
+                     f"heads * head_dim = d_model; the logits keep their variance (the scale over head_dim terms), "
+                     f"but the output projection's fan-in {heads * head_dim} is taken as {d}")
 
 
 def _sliding_window(cfg: _Config, mt: str, layers: int, length: int, notes: list[str]) -> None:
     if mt in ("llama", "olmo2"):
         return
     g = cfg.get
-    if mt == "mistral":
-        window = g("sliding_window", "posint", 4096 if "sliding_window" not in cfg.raw else None)
+    if mt in ("mistral", "phi3"):  # every layer; Phi-3's default is no window
+        default = 4096 if mt == "mistral" and "sliding_window" not in cfg.raw else None
+        window = g("sliding_window", "posint", default)
         n_sliding = layers if window is not None else 0
+    elif mt in ("gemma2", "gemma3_text"):  # layer_types says which layers are local (else 1 in 2, or 5 in 6)
+        window = g("sliding_window", "posint", 4096)
+        types = cfg.raw.get("layer_types")
+        if isinstance(types, list):
+            cfg.used.add("layer_types")
+            n_sliding = sum(t == "sliding_attention" for t in types)
+        else:
+            period = 2 if mt == "gemma2" else 6
+            n_sliding = sum((i + 1) % period != 0 for i in range(layers))
     else:  # qwen2: the config nulls sliding_window unless use_sliding_window; layer_types says which layers
         if not g("use_sliding_window", "bool", False):
             return
@@ -390,6 +448,11 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("qwen2", _llama_like, ("layers", "model.layers"), _LLAMA_RULES, "attention_dropout"),
     Family("qwen3", _llama_like, ("layers", "model.layers"), _LLAMA_RULES, "attention_dropout"),
     Family("olmo2", _llama_like, ("layers", "model.layers"), _LLAMA_RULES, "attention_dropout"),
+    Family("phi3", _llama_like, ("layers", "model.layers"),
+           _rules("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj", "embed_tokens"),
+           "attention_dropout"),
+    Family("gemma2", _gemma, ("layers", "model.layers"), _LLAMA_RULES, "attention_dropout"),
+    Family("gemma3_text", _gemma, ("layers", "model.layers"), _LLAMA_RULES, "attention_dropout"),
 )}
 
 # where the list of transformer blocks lives, tried in order (base models first, then wrappers); spelled out
@@ -397,7 +460,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
 BLOCK_PATHS = (
     "encoder.layer",  # BERT, RoBERTa, ELECTRA
     "h",  # GPT-2 base
-    "layers",  # GPT-NeoX, Llama, Mistral, Qwen2, Qwen3, OLMo 2 base models
+    "layers",  # GPT-NeoX, Llama, Mistral, Qwen2, Qwen3, OLMo 2, Phi-3, Gemma 2/3 base models
     "transformer.h",  # GPT2LMHeadModel, nanoGPT
     "gpt_neox.layers",  # GPTNeoXForCausalLM
     "model.layers",  # LlamaForCausalLM & co.

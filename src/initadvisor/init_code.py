@@ -3,7 +3,8 @@
 The snippet is for people to paste; initadvisor never executes it. Its loop is `init_matrices`, printed from its
 own source: `initadvisor.torch.apply` calls the same function with the numbers (`numbers(spec)`) and `RULES`,
 so a recommendation JSON can never run code and the paste and `apply` cannot drift apart. Module names
-covered: HuggingFace BERT/RoBERTa/ELECTRA, GPT-2, GPT-NeoX, Llama/Mistral/Qwen2, and nanoGPT.
+covered: HuggingFace BERT/RoBERTa/ELECTRA, GPT-2, GPT-NeoX, the Llama family (Mistral, Qwen2/3, OLMo 2, Phi-3,
+Gemma 2/3), and nanoGPT.
 The rules live here, not in `initadvisor.families`, because the snippet prints them and must not import
 initadvisor; each registry entry there names the rules its family's modules match.
 """
@@ -18,6 +19,7 @@ _RULES_TEXT = """[
     ("attention.output.dense", "o"), ("intermediate.dense", "ff_in"), ("output.dense", "ff_out"),
     ("self_attn.q_proj", "q"), ("self_attn.k_proj", "k"), ("self_attn.v_proj", "v"), ("self_attn.o_proj", "o"),
     ("mlp.gate_proj", "ff_in"), ("mlp.up_proj", "ff_in"), ("mlp.down_proj", "ff_out"),
+    ("self_attn.qkv_proj", "qkv"), ("mlp.gate_up_proj", "ff_in"),
     ("attention.query_key_value", "qkv-neox"), ("attention.dense", "o"),
     ("mlp.dense_h_to_4h", "ff_in"), ("mlp.dense_4h_to_h", "ff_out"),
     ("attn.c_attn", "qkv"), ("attn.c_proj", "o"), ("mlp.c_fc", "ff_in"), ("mlp.c_proj", "ff_out"),
@@ -37,8 +39,10 @@ def init_matrices(model, std, bias_std, rules, heads):
             w = getattr(module, "weight", None)
             if role is None or not isinstance(w, torch.Tensor) or w.dim() != 2:
                 continue
-            if role == "qkv":  # GPT-2 Conv1D (d, 3d) or nanoGPT Linear (3d, d): [q | k | v] blocks
-                parts = w.chunk(3, dim=1 if type(module).__name__ == "Conv1D" else 0)
+            if role == "qkv":  # GPT-2 Conv1D (d, 3d), nanoGPT or Phi-3 Linear (d + 2 kv, d): [q | k | v] blocks
+                dim = 1 if type(module).__name__ == "Conv1D" else 0
+                d = w.shape[1 - dim]
+                parts = w.split([d, (w.shape[dim] - d) // 2, (w.shape[dim] - d) // 2], dim=dim)
                 for part, r in zip(parts, "qkv"):
                     part.normal_(0.0, std[r])
             elif role == "qkv-neox":  # GPT-NeoX: rows interleaved per head as (head, [q, k, v], head_dim)

@@ -80,6 +80,8 @@ class Spec:
     head: MatrixInit | None = None  # the untied head's init; None when tied (it is the token embedding)
     qk_norm: str = "none"  # QK_NORMS; the norm is of norm_type, with unit gains (their init in every family)
     norm_eps: float = 0.0  # every norm's epsilon: x / sqrt(mean x^2 + eps)
+    embedding_scale: float = 1.0  # the summed embedding tables times this entering the stream (Gemma: sqrt(d))
+    embedding_dropout: float | None = None  # the embeddings' dropout rate; None: `dropout`
     source: str | None = field(default=None, compare=False)
     notes: tuple[str, ...] = field(default=(), compare=False)  # what an import could not model
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
@@ -153,6 +155,7 @@ class Spec:
                 "parallel_residual": self.parallel_residual, "final_norm": self.final_norm,
                 "tie_embeddings": self.tie_embeddings, "head_transform": self.head_transform,
                 "logit_softcap": self.logit_softcap, "qk_norm": self.qk_norm, "norm_eps": self.norm_eps,
+                "embedding_scale": self.embedding_scale,
             },
             "sequence": {
                 "length": self.seq_len, "vocab": self.vocab,
@@ -160,6 +163,7 @@ class Spec:
                 "embeddings": list(self.embeddings),
             },
             "dropout": self.dropout,
+            "embedding_dropout": self.embedding_dropout,
             "attention_dropout": self.attention_dropout,
             "init": init,
             "residual": {
@@ -196,10 +200,11 @@ SCHEMA: dict[str, Any] = {
         "norm": NORMS, "norm_type": NORM_TYPES, "attention": ATTENTIONS, "out_proj": "bool", "causal": "bool",
         "activation": ACTIVATIONS, "softmax_scale": "pos?", "embedding_norm": "bool?", "parallel_residual": "bool",
         "final_norm": "bool", "tie_embeddings": "bool", "head_transform": "bool", "logit_softcap": "pos?",
-        "qk_norm": QK_NORMS, "norm_eps": "eps",
+        "qk_norm": QK_NORMS, "norm_eps": "eps", "embedding_scale": "pos",
     },
     "sequence": {"length": "posint", "vocab": "posint", "input_correlation": "corr", "embeddings": "embeddings"},
     "dropout": "prob",
+    "embedding_dropout": "prob?",
     "attention_dropout": "prob",
     "init": {"std": "pos", "qk_beta": "pos?", **{m: _MATRIX for m in MATRICES}, "head": _MATRIX},
     "residual": {"attention": _RES, "mlp": _RES},
@@ -462,7 +467,9 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
         seq_len=s.get("length", 512), vocab=s.get("vocab", 32000),
         input_correlation=None if rho == "auto" else float(rho),
         embeddings=tuple(s.get("embeddings", ["token", "position"])),
-        dropout=float(data.get("dropout", 0.0)), attention_dropout=float(data.get("attention_dropout", 0.0)),
+        dropout=float(data.get("dropout", 0.0)),
+        embedding_dropout=None if data.get("embedding_dropout") is None else float(data["embedding_dropout"]),
+        attention_dropout=float(data.get("attention_dropout", 0.0)),
         init=init, qk_beta=None if qk_beta is None else float(qk_beta),
         res_attention=Residual(float(ra.get("skip", 1.0)), float(ra.get("block", 1.0))),
         res_mlp=Residual(float(rm.get("skip", 1.0)), float(rm.get("block", 1.0))),
@@ -473,7 +480,7 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
         final_norm=m.get("final_norm", norm != "none"), tie_embeddings=tied, head_transform=m.get("head_transform", False),
         logit_softcap=None if m.get("logit_softcap") is None else float(m["logit_softcap"]),
         head=None if tied else matrix("head"), qk_norm=m.get("qk_norm", "none"),
-        norm_eps=float(m.get("norm_eps", 0.0)),
+        norm_eps=float(m.get("norm_eps", 0.0)), embedding_scale=float(m.get("embedding_scale", 1.0)),
         source=None if fname == "<spec>" else fname, lines=dict(lines),
     )
     try:

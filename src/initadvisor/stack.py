@@ -47,8 +47,9 @@ def block_params(spec) -> BlockParams:
 def embeddings(spec) -> Embeddings:
     return Embeddings(tables=tuple(spec.embeddings), vocab=spec.vocab, d_model=spec.d_model, seq_len=spec.seq_len,
                       std=spec.init["embedding"].std, input_correlation=spec.input_correlation,
-                      norm=spec.norm_type if spec.embedding_norm else None, dropout=spec.dropout,
-                      norm_eps=spec.norm_eps)
+                      norm=spec.norm_type if spec.embedding_norm else None,
+                      dropout=spec.dropout if spec.embedding_dropout is None else spec.embedding_dropout,
+                      norm_eps=spec.norm_eps, scale=spec.embedding_scale)
 
 
 def from_spec(spec, per_layer: dict[str, np.ndarray] | None = None, **fields) -> Stack:

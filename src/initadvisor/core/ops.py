@@ -848,6 +848,7 @@ class Embeddings:
     norm: str | None = None  # the embedding norm's kind, or None
     dropout: float = 0.0
     norm_eps: float = 0.0
+    scale: float = 1.0  # the summed tables times this before the norm (Gemma: sqrt(d)); a tied head reads them unscaled
 
     @property
     def rho0(self) -> float:
@@ -860,7 +861,7 @@ class Embeddings:
     def moments(self) -> tuple[float, float]:
         """(q, p) of the stream entering block 1."""
         rho0 = self.rho0
-        q = len(self.tables) * self.std**2
+        q = len(self.tables) * (self.scale * self.std) ** 2
         if self.norm:
             q = Norm(self.norm, self.norm_eps).moments(q, 0.0)[0]
         return q / (1 - self.dropout), rho0 * q
@@ -886,6 +887,8 @@ class Embeddings:
                     x += normal(rng, (T, d), std, dt)[None]
                 elif table == "segment":
                     x += normal(rng, (d,), std, dt)[None, None]
+        if self.scale != 1.0:
+            x *= dt.type(self.scale)
         if self.norm:
             x = Norm(self.norm, self.norm_eps).forward(x, {}, rng)[0]
         return dropout(x, self.dropout, rng)[0]
@@ -914,4 +917,6 @@ class Embeddings:
             idx = {"token": input_ids, "position": torch.arange(T, device=input_ids.device).expand(B, T),
                    "segment": torch.zeros_like(input_ids)}
             x = sum(table(idx[name]) for name, table in m.tables.items())
+        if self.scale != 1.0:
+            x = x * self.scale
         return m.drop(m.emb_norm(x))
