@@ -216,9 +216,10 @@ def test_llama_gelu_gate_and_head_dim(tmp_path: Path) -> None:
     c = raw("llama") | {"hidden_act": "gelu_pytorch_tanh", "head_dim": 32}
     spec, notes = import_config(write(tmp_path, c))
     assert spec.activation == "geglu"
-    # logits sum head_dim terms with scale head_dim^-0.5: the variance of the spec's default scale
-    assert spec.softmax_scale == pytest.approx(1 / math.sqrt(spec.d_head))
-    assert any("head_dim 32" in n for n in notes)
+    # 4 heads of 32 at d_model 64: the heads' width and the output projection's fan-in 128 are the real ones
+    assert (spec.head_dim, spec.d_head, spec.fan_in("o")) == (32, 32, 128)
+    assert spec.softmax_scale == pytest.approx(1 / math.sqrt(32))
+    assert spec.gain("o") == pytest.approx(raw("llama")["initializer_range"] ** 2 * 128)
 
 
 def test_seq_len_override(tmp_path: Path) -> None:

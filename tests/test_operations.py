@@ -55,6 +55,7 @@ OPERATIONS = {
     "attention-centered": lambda: _attention(model={"attention": "centered"}, init={"v": {"bias_std": 0.05}}),
     "attention-no-out-proj": lambda: _attention(model={"out_proj": False}),
     "attention-dropout": lambda: _attention(attention_dropout=0.25),
+    "attention-head-dim": lambda: _attention(model={"head_dim": 40, "kv_heads": 2}),  # 4 x 40 != d 96 (Qwen3)
     # QK-norm: unit-variance queries and keys whatever the Q/K stds (0.01 here): the softmax scale sets beta
     "attention-qk-norm-head": lambda: _attention(model={"qk_norm": "head", "norm_type": "rmsnorm", "kv_heads": 2,
                                                         "softmax_scale": 0.1}),

@@ -52,9 +52,9 @@ def _config(family: str):
         return t.LlamaConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
                              num_key_value_heads=2, intermediate_size=688, max_position_embeddings=T,
                              attention_dropout=0.1, bos_token_id=0, eos_token_id=0)
-    if family == "qwen3":  # Llama's block with a per-head RMSNorm on queries and keys
+    if family == "qwen3":  # Llama's block, a per-head RMSNorm on queries and keys, heads of 2 d / heads (Qwen3-0.6B)
         return t.Qwen3Config(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
-                             num_key_value_heads=2, head_dim=D // HEADS, intermediate_size=688,
+                             num_key_value_heads=2, head_dim=2 * D // HEADS, intermediate_size=688,
                              max_position_embeddings=T, bos_token_id=0, eos_token_id=0)
     if family == "olmo2":  # norms after each branch, none before (h + RMSNorm(f(h))); QK-norm over all heads
         return t.Olmo2Config(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,

@@ -120,12 +120,10 @@ def _eps(cfg: _Config, key: str, default: float) -> float:
     return cfg.get(key, "float", default, spec_key="model.norm_eps")
 
 
-def _attention_scale(d: int, heads: int, head_dim: int, scale: float) -> float | None:
-    """softmax_scale in the spec's terms (logits = scale * sum over d_model/heads coordinates), None if standard.
-
-    The real logit sums head_dim products; keeping its variance scale^2 * head_dim gives the spec's scale."""
-    s = scale * math.sqrt(head_dim / (d // heads)) if d >= heads else scale
-    return None if math.isclose(s, 1.0 / math.sqrt(max(d // heads, 1)), rel_tol=1e-12) else s
+def _attention_scale(head_dim: int, scale: float) -> float | None:
+    """softmax_scale in the spec's terms (logits = scale * sum over the head's head_dim coordinates), None if the
+    standard head_dim^-0.5."""
+    return None if math.isclose(scale, head_dim ** -0.5, rel_tol=1e-12) else scale
 
 
 def _cross_attention(cfg: _Config, notes: list[str]) -> bool:
@@ -252,7 +250,7 @@ def _gpt2(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     _cross_attention(cfg, notes)
     scale_weights = g("scale_attn_weights", "bool", True, spec_key="model.softmax_scale")
     d_head = d // heads if d >= heads else 1
-    scale = _attention_scale(d, heads, d_head, 1.0 / math.sqrt(d_head) if scale_weights else 1.0)
+    scale = _attention_scale(d_head, 1.0 / math.sqrt(d_head) if scale_weights else 1.0)
     if not scale_weights:
         notes.append("scale_attn_weights: false, so attention logits are not divided by sqrt(head_dim): "
                      "softmax_scale 1")
@@ -304,9 +302,8 @@ def _llama_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     act = _activation(cfg, "hidden_act", "silu", True, notes)
     length = _seq(cfg, "max_position_embeddings")
     vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
-    head_dim = g("head_dim", "posint", None, spec_key="model.softmax_scale") or (d // heads if d >= heads else 1)
-    scale = _attention_scale(d, heads, head_dim, head_dim ** -0.5)
-    _head_dim_note(d, heads, head_dim, notes)
+    head_dim = g("head_dim", "posint", None, spec_key="model.head_dim") or (d // heads if d >= heads else 1)
+    scale = _attention_scale(head_dim, head_dim ** -0.5)
     _rotary_note(cfg, notes)
     _sliding_window(cfg, fam.model_type, layers, length, notes)
     std = _init_std(cfg, notes)
@@ -314,6 +311,8 @@ def _llama_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     head = _head(cfg, False, True, False)  # the final RMSNorm, then lm_head
     model = _decoder(layers, d, heads, kv, d_ff, act, "rmsnorm", False, scale, head)
     model["norm_eps"] = _eps(cfg, "rms_norm_eps", 1e-5 if fam.model_type == "olmo2" else 1e-6)
+    if heads * head_dim != d:  # Qwen3-0.6B: 16 heads of 128 at d_model 1024
+        model["head_dim"] = head_dim
     if fam.model_type == "qwen3":  # q_norm, k_norm: RMSNorm over each head's head_dim, weight 1, before rotary
         model["qk_norm"] = "head"
     if fam.model_type == "olmo2":  # h + RMSNorm(f(h)) per branch; q_norm, k_norm over all heads' q and k
@@ -340,10 +339,9 @@ def _gemma(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     act = _activation(cfg, "hidden_activation", "gelu_pytorch_tanh", True, notes, aliases=("hidden_act",))
     length = _seq(cfg, "max_position_embeddings")
     vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
-    head_dim = g("head_dim", "posint", 256, spec_key="model.softmax_scale")
+    head_dim = g("head_dim", "posint", 256, spec_key="model.head_dim")
     qpas = g("query_pre_attn_scalar", "float", 256, spec_key="model.softmax_scale")
-    scale = _attention_scale(d, heads, head_dim, qpas ** -0.5)
-    _head_dim_note(d, heads, head_dim, notes)
+    scale = _attention_scale(head_dim, qpas ** -0.5)
     _rotary_note(cfg, notes)
     _sliding_window(cfg, mt, layers, length, notes)
     std = _init_std(cfg, notes)
@@ -351,7 +349,7 @@ def _gemma(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
         raise cfg.error("bidirectional attention (an encoder) is not modelled for Gemma", "use_bidirectional_attention")
     cap = g("attn_logit_softcapping", "float", None, spec_key="model.softmax_scale")
     if cap is not None:  # c tanh(s / c) is the identity to O((s / c)^2) where the logits' std s << c
-        s_max = std * std * d * (scale or head_dim ** -0.5) * math.sqrt(d // heads)  # q, k of unit inputs
+        s_max = std * std * d * (scale or head_dim ** -0.5) * math.sqrt(head_dim)  # q, k of unit inputs
         if s_max > cap / 10:
             raise cfg.error(f"attention soft-capping at {cap:g} with logits of std up to {s_max:.3g} at init is "
                             "not modelled", "attn_logit_softcapping")
@@ -360,6 +358,8 @@ def _gemma(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     notes.append("norm weights are stored as w and applied as 1 + w: zero-initialised, gain 1 at init")
     head = _head(cfg, True, True, False)  # the final RMSNorm, then the tied head
     model = _decoder(layers, d, heads, kv, d_ff, act, "rmsnorm", False, scale, head)
+    if heads * head_dim != d:  # Gemma 2 2B: 8 heads of 256 at d_model 2304
+        model["head_dim"] = head_dim
     model.update(norm="sandwich", norm_eps=_eps(cfg, "rms_norm_eps", 1e-6), embedding_scale=math.sqrt(d),
                  logit_softcap=g("final_logit_softcapping", "float", None, spec_key="model.logit_softcap"))
     if mt == "gemma3_text":
@@ -371,13 +371,6 @@ def _gemma(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
         "attention_dropout": g(fam.attn_dropout_key, "prob", 0.0, spec_key="attention_dropout"),
         "init": _init(std, head["tie_embeddings"]),
     }
-
-
-def _head_dim_note(d: int, heads: int, head_dim: int, notes: list[str]) -> None:
-    if heads * head_dim != d:
-        notes.append(f"head_dim {head_dim} != hidden_size / num_attention_heads = {d / heads:g}: the spec assumes "
-                     f"heads * head_dim = d_model; the logits keep their variance (the scale over head_dim terms), "
-                     f"but the output projection's fan-in {heads * head_dim} is taken as {d}")
 
 
 def _sliding_window(cfg: _Config, mt: str, layers: int, length: int, notes: list[str]) -> None:

@@ -24,7 +24,7 @@ EMBEDDINGS = ("token", "position", "segment")
 MAX_NODES = 20_000  # YAML nodes visited at most: a spec is small, an alias bomb is not
 MAX_BYTES = 1 << 20  # a spec file is a few hundred bytes; refuse anything over 1 MiB before parsing it
 VERSION = 1  # the spec format version this initadvisor reads and writes (the top-level `version` key)
-MAX_INT = {"model.layers": 100_000, "model.d_model": 1_000_000, "model.heads": 1_000_000,
+MAX_INT = {"model.layers": 100_000, "model.d_model": 1_000_000, "model.heads": 1_000_000, "model.head_dim": 1_000_000,
            "model.kv_heads": 1_000_000, "model.d_ff": 10_000_000, "sequence.length": 10_000_000}
 
 
@@ -82,16 +82,17 @@ class Spec:
     norm_eps: float = 0.0  # every norm's epsilon: x / sqrt(mean x^2 + eps)
     embedding_scale: float = 1.0  # the summed embedding tables times this entering the stream (Gemma: sqrt(d))
     embedding_dropout: float | None = None  # the embeddings' dropout rate; None: `dropout`
+    head_dim: int | None = None  # each head's width when heads * head_dim != d_model (Qwen3, Gemma); None: d / heads
     source: str | None = field(default=None, compare=False)
     notes: tuple[str, ...] = field(default=(), compare=False)  # what an import could not model
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def d_head(self) -> int:
-        return self.d_model // self.heads
+        return self.head_dim or self.d_model // self.heads
 
     def fan_in(self, matrix: str) -> int:
-        return {"ff_out": self.d_ff, "embedding": 1}.get(matrix, self.d_model)
+        return {"ff_out": self.d_ff, "embedding": 1, "o": self.heads * self.d_head}.get(matrix, self.d_model)
 
     def gain(self, matrix: str) -> float:
         """std^2 x fan-in: the factor a matrix multiplies a per-coordinate second moment by."""
@@ -155,7 +156,7 @@ class Spec:
                 "parallel_residual": self.parallel_residual, "final_norm": self.final_norm,
                 "tie_embeddings": self.tie_embeddings, "head_transform": self.head_transform,
                 "logit_softcap": self.logit_softcap, "qk_norm": self.qk_norm, "norm_eps": self.norm_eps,
-                "embedding_scale": self.embedding_scale,
+                "embedding_scale": self.embedding_scale, "head_dim": self.head_dim,
             },
             "sequence": {
                 "length": self.seq_len, "vocab": self.vocab,
@@ -200,7 +201,7 @@ SCHEMA: dict[str, Any] = {
         "norm": NORMS, "norm_type": NORM_TYPES, "attention": ATTENTIONS, "out_proj": "bool", "causal": "bool",
         "activation": ACTIVATIONS, "softmax_scale": "pos?", "embedding_norm": "bool?", "parallel_residual": "bool",
         "final_norm": "bool", "tie_embeddings": "bool", "head_transform": "bool", "logit_softcap": "pos?",
-        "qk_norm": QK_NORMS, "norm_eps": "eps", "embedding_scale": "pos",
+        "qk_norm": QK_NORMS, "norm_eps": "eps", "embedding_scale": "pos", "head_dim": "posint?",
     },
     "sequence": {"length": "posint", "vocab": "posint", "input_correlation": "corr", "embeddings": "embeddings"},
     "dropout": "prob",
@@ -436,8 +437,12 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
     norm = m.get("norm", "post")
     d_ff = m.get("d_ff", 4 * d)
     scale = m.get("softmax_scale")
-    scale = 1.0 / math.sqrt(d // heads) if scale is None else float(scale)
-    fan = {"ff_out": d_ff, "embedding": 1}
+    head_dim = m.get("head_dim")
+    if head_dim is not None and heads * head_dim != d and not m.get("out_proj", True):
+        raise _fail(f"heads * head_dim = {heads * head_dim} != d_model ({d}) needs the output projection "
+                    "(model.out_proj: true) to map the heads back to d_model", "model.head_dim", lines, fname)
+    scale = 1.0 / math.sqrt(head_dim or d // heads) if scale is None else float(scale)
+    fan = {"ff_out": d_ff, "embedding": 1, "o": heads * (head_dim or d // heads)}
     default_std = float(ini.get("std", 0.02))
 
     def matrix(mat: str) -> MatrixInit:
@@ -479,7 +484,7 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
         ignore=tuple(c.upper() for c in data.get("ignore", project.get("ignore", []))),
         final_norm=m.get("final_norm", norm != "none"), tie_embeddings=tied, head_transform=m.get("head_transform", False),
         logit_softcap=None if m.get("logit_softcap") is None else float(m["logit_softcap"]),
-        head=None if tied else matrix("head"), qk_norm=m.get("qk_norm", "none"),
+        head=None if tied else matrix("head"), qk_norm=m.get("qk_norm", "none"), head_dim=head_dim,
         norm_eps=float(m.get("norm_eps", 0.0)), embedding_scale=float(m.get("embedding_scale", 1.0)),
         source=None if fname == "<spec>" else fname, lines=dict(lines),
     )

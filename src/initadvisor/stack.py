@@ -38,7 +38,7 @@ def block_params(spec) -> BlockParams:
         skip_a=spec.res_attention.skip, block_a=spec.res_attention.block,
         skip_m=spec.res_mlp.skip, block_m=spec.res_mlp.block,
         qk_norm=spec.qk_norm, norm_eps=spec.norm_eps, norm=spec.norm, centered=spec.attention == "centered", parallel=spec.parallel_residual,
-        causal=spec.causal, norm_type=spec.norm_type, d_model=spec.d_model, heads=spec.heads,
+        causal=spec.causal, norm_type=spec.norm_type, d_model=spec.d_model, heads=spec.heads, head_dim=spec.d_head,
         kv_heads=spec.kv_heads, d_ff=spec.d_ff, softmax_scale=spec.softmax_scale, out_proj=spec.out_proj,
         init={m: (init[m].std, init[m].bias_std) for m in ("q", "k", "v", "o", "ff_in", "ff_out")},
     )

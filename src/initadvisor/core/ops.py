@@ -75,6 +75,7 @@ class BlockParams:
     norm_type: str = "layernorm"
     d_model: int = 0
     heads: int = 1
+    head_dim: int = 0  # 0: d_model // heads
     kv_heads: int = 1
     d_ff: int = 0
     softmax_scale: float = 1.0
@@ -83,7 +84,7 @@ class BlockParams:
 
     @property
     def d_head(self) -> int:
-        return self.d_model // self.heads
+        return self.head_dim or self.d_model // self.heads
 
 
 def block(P: BlockParams) -> tuple:
@@ -514,9 +515,9 @@ class Attention:
     def draws(self):
         """(name, shape, std, phase): matrices, then biases (phase 1); a zero bias std draws no bias."""
         P, d = self.P, self.P.d_model
-        kvw = P.kv_heads * P.d_head
-        mats = ("q", (d, d)), ("k", (d, kvw)), ("v", (d, kvw))
-        mats += (("o", (d, d)),) if P.out_proj else ()
+        qw, kvw = P.heads * P.d_head, P.kv_heads * P.d_head
+        mats = ("q", (d, qw)), ("k", (d, kvw)), ("v", (d, kvw))
+        mats += (("o", (qw, d)),) if P.out_proj else ()
         out = [("w" + m, shape, P.init[m][0], 0) for m, shape in mats]
         return out + [("b" + m, shape[1:], P.init[m][1], 1) for m, shape in mats if P.init[m][1] > 0]
 
@@ -550,7 +551,7 @@ class Attention:
                 o -= (np.cumsum(v, axis=2) / _counts(T, v.dtype)[:, None])[:, :, None]
             else:
                 o -= v.mean(axis=2, keepdims=True)[:, :, None]
-        o = o.reshape(B, KV, G, T, dh).transpose(0, 3, 1, 2, 4).reshape(B, T, d)
+        o = o.reshape(B, KV, G, T, dh).transpose(0, 3, 1, 2, 4).reshape(B, T, H * dh)
         y = _lin(o, w["wo"], w.get("bo")) if P.out_proj else o
         return y, {"u": u, "q": q, "k": k, "v": v, "a": a, "mask": mask, "y2": y2, "qn": qn, "kn": kn}
 
@@ -605,7 +606,7 @@ class Attention:
         dq = _bmm(da, k)  # (B, KV, G*T, dh)
         dk = _bmm(da.transpose(0, 1, 3, 2), q)  # (B, KV, T, dh)
         del da
-        dq = dq.reshape(B, KV, G, T, dh).transpose(0, 3, 1, 2, 4).reshape(B, T, d)
+        dq = dq.reshape(B, KV, G, T, dh).transpose(0, 3, 1, 2, 4).reshape(B, T, H * dh)
         dk = dk.transpose(0, 2, 1, 3).reshape(B, T, KV * dh)
         dq, dk = self._qk_norm_backward(dq, c["qn"]), self._qk_norm_backward(dk, c["kn"])
         dv = dv.transpose(0, 2, 1, 3).reshape(B, T, KV * dh)
@@ -619,14 +620,14 @@ class Attention:
     def torch_build(self, make, d: int):
         from torch import nn
 
-        P, kv = self.P, self.P.kv_heads * self.P.d_head
-        mods = {m: _torch_linear(d, width, *P.init[m]) for m, width in (("q", d), ("k", kv), ("v", kv))}
-        mods["o"] = _torch_linear(d, d, *P.init["o"]) if P.out_proj else nn.Identity()
+        P, kv, qw = self.P, self.P.kv_heads * self.P.d_head, self.P.heads * self.P.d_head
+        mods = {m: _torch_linear(d, width, *P.init[m]) for m, width in (("q", qw), ("k", kv), ("v", kv))}
+        mods["o"] = _torch_linear(qw, d, *P.init["o"]) if P.out_proj else nn.Identity()
         mods["attn_drop"] = nn.Dropout(P.attn_dropout)
         if P.qk_norm != "none":
             kind = nn.RMSNorm if P.norm_type == "rmsnorm" else nn.LayerNorm
             mods.update({f"{m}_norm": kind(P.d_head if P.qk_norm == "head" else width, eps=P.norm_eps,
-                                            elementwise_affine=False) for m, width in (("q", d), ("k", kv))})
+                                            elementwise_affine=False) for m, width in (("q", qw), ("k", kv))})
         return mods
 
     def torch_forward(self, m, u):
@@ -651,7 +652,7 @@ class Attention:
         if P.centered:  # subtract the values' mean over the attended keys
             w = mask.to(v.dtype) if mask is not None else torch.ones(T, T, dtype=v.dtype, device=u.device)
             out = out - (w / w.sum(-1, keepdim=True)) @ v
-        return m.o(out.transpose(1, 2).reshape(B, T, d))
+        return m.o(out.transpose(1, 2).reshape(B, T, h * P.d_head))
 
 
 @lru_cache(maxsize=16)
