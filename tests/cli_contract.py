@@ -31,7 +31,8 @@ import yaml
 
 from initadvisor import schemas
 from initadvisor.rules import RULES
-from initadvisor.spec import ACTIVATIONS, ATTENTIONS, EMBEDDINGS, MATRICES, NORM_TYPES, NORMS, QK_NORMS, THRESHOLDS
+from initadvisor.spec import ACTIVATIONS, ATTENTIONS, EMBEDDINGS, MATRICES, NORM_TYPES, NORMS, QK_NORMS, ROUTERS, \
+    THRESHOLDS
 
 ROOT = Path(__file__).resolve().parents[1]
 HF_DIR = ROOT / "tests" / "data" / "hf"
@@ -117,6 +118,8 @@ def valid_spec(r, max_layers: int = 2000, small: bool = False) -> dict:
     opt(model, "logit_softcap", lambda: None if r.coin(0.2) else real(r, 1e-8, 999999.0, (1.0, 50.0)), 0.2)
     opt(model, "norm_eps", lambda: real(r, 0.0, 0.999, (1e-12, 1e-5)), 0.3)
     opt(model, "embedding_scale", lambda: real(r, 1e-8, 999999.0, (1.0, 64.0)), 0.2)
+    if model.get("out_proj", True):  # heads * head_dim != d_model needs the output projection
+        opt(model, "head_dim", lambda: max(1, int(r.real(1, 64 if small else 4096, log=True))), 0.2)
     seq: dict = {}
     opt(seq, "length", lambda: max(2, int(r.real(2, 32 if small else 1e7, log=True))))
     opt(seq, "vocab", lambda: max(1, int(r.real(1, 1e9, log=True))))
@@ -159,6 +162,18 @@ def valid_spec(r, max_layers: int = 2000, small: bool = False) -> dict:
             res[branch] = {"skip": skip, "block": block or 1.0}
     if res:
         data["residual"] = res
+    if r.coin(0.2):
+        moe: dict = {"experts": max(1, int(r.real(1, 8 if small else 4096, log=True)))}
+        opt(moe, "top_k", lambda: r.integer(1, moe["experts"]))
+        opt(moe, "router", lambda: r.choice(ROUTERS))
+        opt(moe, "normalize", lambda: r.coin())
+        opt(moe, "scale", lambda: real(r, 1e-8, 999999.0, (0.5, 3.0)))
+        opt(moe, "d_ff", lambda: max(1, int(r.real(1, 64 if small else 10**5, log=True))))
+        opt(moe, "shared_experts", lambda: r.integer(0, 2 if small else 4096))
+        n = model["layers"]
+        opt(moe, "dense_blocks", lambda: sorted({r.integer(1, n) for _ in range(r.integer(0, min(n, 4)))}))
+        opt(moe, "router_std", lambda: None if r.coin(0.2) else real(r, 1e-8, 999999.0, (0.005, 0.2)))
+        data["moe"] = moe
     th = {k: real(r, 1e-12, 1e12) for k in THRESHOLDS if r.coin(0.2)}
     if th:
         data["thresholds"] = th

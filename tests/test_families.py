@@ -89,12 +89,24 @@ def test_rules_match_real_modules_of_the_right_shape(models, family: str) -> Non
     d, d_ff, kv = spec.d_model, spec.d_ff, spec.kv_heads * spec.d_head
     d_emb = getattr(config, "embedding_size", d)  # ELECTRA's embeddings are narrower
     out_in = {"q": (d, d), "k": (kv, d), "v": (kv, d), "o": (d, d), "ff_in": (d_ff, d), "ff_out": (d, d_ff),
-              "qkv": (d + 2 * kv, d), "qkv-neox": (3 * d, d)}  # qkv: [q | k | v] rows (Phi-3: GQA)
+              "qkv": (d + 2 * kv, d), "qkv-neox": (d + 2 * kv, d)}  # [q | k | v] rows, or per K/V group
     matrices = {n: m for n, m in model.named_modules()
                 if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2}
+    moe = spec.moe
+    dense = len(moe.dense_blocks) if moe else spec.layers
+    stacked = {f"{n}.{pn}": p for n, m in model.named_modules() for pn, p in m.named_parameters(recurse=False)
+               if p.dim() == 3}  # a mixture of experts' (experts, out, in) matrices, named by parameter
     for suffix, role in fam.rules:
+        if suffix.startswith("mlp.experts."):
+            hits = [n for n in stacked if n.endswith(suffix)]
+            assert len(hits) == spec.layers - dense, (suffix, hits)
+            f = moe.d_ff
+            want = (moe.experts, 2 * f, d) if role == "ff_in" else (moe.experts, d, f)
+            assert all(tuple(stacked[n].shape) == want for n in hits), (suffix, want)
+            continue
         hits = [n for n in matrices if _first_match(n, fam.rules) == (suffix, role)]
-        assert len(hits) == (1 if role == "embedding" else spec.layers), (suffix, hits)
+        count = 1 if role == "embedding" else dense if suffix.startswith("mlp.") else spec.layers
+        assert len(hits) == count, (suffix, hits)
         for n in hits:
             w = matrices[n].weight
             shape = tuple(w.T.shape if type(matrices[n]).__name__ == "Conv1D" else w.shape)
@@ -145,3 +157,21 @@ def test_rules_and_qkv_layout_drive_the_real_forward(models, family: str) -> Non
         assert _uniform(_attention(model, family, std | {zero: 0.0})[0]), zero
     att, outs = _attention(model, family, std | {"v": 0.0})
     assert len(outs) == 2 and all(o.abs().max() == 0 for o in outs)
+
+
+@pytest.mark.parametrize("variant", [{"new_decoder_architecture": True, "num_kv_heads": 2},
+                                     {"multi_query": False}])
+def test_falcon_query_key_value_groups_drive_the_real_forward(variant) -> None:
+    """Falcon-40B's rows per K/V group ([q, q, k, v] for 4 heads over 2 groups) and the old block without
+    multi-query (a group per head, GPT-NeoX's layout) split by the same rule."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.FalconConfig(**json.loads((DATA / "falcon" / "config.json").read_text()) | variant)
+    model = transformers.AutoModel.from_config(config, attn_implementation="eager").eval()
+    std = dict.fromkeys(("q", "k", "v", "o", "ff_in", "ff_out", "embedding"), 1.0)
+    assert not _uniform(_attention(model, "falcon", std)[0])
+    for zero in ("q", "k"):
+        assert _uniform(_attention(model, "falcon", std | {zero: 0.0})[0]), zero
+    att, outs = _attention(model, "falcon", std | {"v": 0.0})
+    assert all(o.abs().max() == 0 for o in outs)

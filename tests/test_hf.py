@@ -21,10 +21,10 @@ from initadvisor.spec import MATRICES, SpecError, parse_spec
 
 DATA = Path(__file__).parent / "data" / "hf"
 FAMILIES = ("bert", "roberta", "electra", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3",
-            "gemma2", "gemma3_text")
+            "gemma2", "gemma3_text", "mixtral", "qwen3_moe", "opt", "falcon")
 GEMMA = ("gemma2", "gemma3_text")
 BERT_LIKE = ("bert", "roberta", "electra")
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "mixtral", "qwen3_moe")
 
 
 def cfg_path(family: str) -> Path:
@@ -85,6 +85,37 @@ def expected(family: str) -> dict:
                   "add_cross_attention", "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "initializer_range",
                   "resid_pdrop", "embd_pdrop", "attn_pdrop", "model_type", "tie_word_embeddings", "layer_norm_epsilon"},
         )
+    if family == "falcon":  # parallel attention and MLP on one norm, multi-query (one K/V head), GeLU, rotary
+        return dict(
+            layers=c["num_hidden_layers"], d_model=c["hidden_size"], heads=c["num_attention_heads"],
+            kv_heads=1 if c["multi_query"] else c["num_attention_heads"], d_ff=c["ffn_hidden_size"],
+            activation="gelu", norm="pre", norm_type="layernorm", embedding_norm=False, causal=True,
+            parallel_residual=c["parallel_attn"], seq_len=c["max_position_embeddings"], vocab=c["vocab_size"],
+            embeddings=("token",), dropout=c["hidden_dropout"], attention_dropout=c["attention_dropout"],
+            std={m: c["initializer_range"] for m in MATRICES},
+            softmax_scale=1 / math.sqrt(c["hidden_size"] // c["num_attention_heads"]), final_norm=True,
+            tie_embeddings=c["tie_word_embeddings"], head_transform=False,
+            used={"num_hidden_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "activation",
+                  "max_position_embeddings", "vocab_size", "alibi", "new_decoder_architecture", "multi_query",
+                  "parallel_attn", "hidden_dropout", "attention_dropout", "initializer_range", "model_type",
+                  "tie_word_embeddings", "layer_norm_epsilon"},
+        )
+    if family == "opt":  # pre-LN (do_layer_norm_before), ReLU, learned positions, no embedding dropout
+        return dict(
+            layers=c["num_hidden_layers"], d_model=c["hidden_size"], heads=c["num_attention_heads"],
+            kv_heads=c["num_attention_heads"], d_ff=c["ffn_dim"], activation="relu",
+            norm="pre" if c["do_layer_norm_before"] else "post", norm_type="layernorm", embedding_norm=False,
+            causal=True, parallel_residual=False, seq_len=c["max_position_embeddings"], vocab=c["vocab_size"],
+            embeddings=("token", "position"), dropout=c["dropout"], attention_dropout=c["attention_dropout"],
+            std={m: c["init_std"] for m in MATRICES}, softmax_scale=1 / math.sqrt(c["hidden_size"] //
+                                                                                 c["num_attention_heads"]),
+            final_norm=c["do_layer_norm_before"] and not c["_remove_final_layer_norm"],
+            tie_embeddings=c["tie_word_embeddings"], head_transform=False,
+            used={"num_hidden_layers", "hidden_size", "num_attention_heads", "ffn_dim", "activation_function",
+                  "max_position_embeddings", "vocab_size", "word_embed_proj_dim", "layerdrop",
+                  "layer_norm_elementwise_affine", "do_layer_norm_before", "_remove_final_layer_norm", "init_std",
+                  "dropout", "attention_dropout", "model_type", "tie_word_embeddings"},
+        )
     base = dict(
         layers=c["num_hidden_layers"], d_model=c["hidden_size"], heads=c["num_attention_heads"],
         d_ff=c["intermediate_size"], norm="pre", embedding_norm=False, causal=True,
@@ -113,8 +144,12 @@ def expected(family: str) -> dict:
     used = {"num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
             "hidden_act", "max_position_embeddings", "vocab_size", "head_dim", "initializer_range", "attention_dropout",
             "model_type", "tie_word_embeddings", "rms_norm_eps"}
-    used |= ({"sliding_window"} if family in ("mistral", "phi3") else set() if family in ("llama", "olmo2")
+    used |= ({"sliding_window"} if family in ("mistral", "phi3", "mixtral") else set() if family in ("llama", "olmo2")
              else {"use_sliding_window"})
+    used |= {"num_local_experts", "num_experts_per_tok"} if family in ("mixtral", "qwen3_moe") else set()
+    used |= {"router_jitter_noise"} if family == "mixtral" else set()
+    used |= ({"decoder_sparse_step", "mlp_only_layers", "norm_topk_prob", "moe_intermediate_size"}
+             if family == "qwen3_moe" else set())
     used |= {"resid_pdrop"} if family == "phi3" else set()  # embd_pdrop: never applied by transformers' Phi3Model
     return dict(base, kv_heads=c["num_key_value_heads"], activation="swiglu", norm_type="rmsnorm",
                 parallel_residual=False, dropout=c.get("resid_pdrop", 0.0), used=used,
@@ -131,12 +166,17 @@ def test_mapping_field_by_field(family: str) -> None:
         assert getattr(spec, key) == exp[key], key
     assert spec.logit_softcap == raw(family).get("final_logit_softcapping")
     assert spec.embedding_scale == (math.sqrt(spec.d_model) if family in GEMMA else 1.0)
-    assert spec.qk_norm == {"qwen3": "head", "olmo2": "all", "gemma3_text": "head"}.get(family, "none")
-    eps_key = next(k for k in ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps") if k in raw(family))
-    assert spec.norm_eps == raw(family)[eps_key] and exp["used"] >= {eps_key}
+    assert spec.qk_norm == {"qwen3": "head", "qwen3_moe": "head", "olmo2": "all", "gemma3_text": "head"}.get(family,
+                                                                                                      "none")
+    eps_key = next((k for k in ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps") if k in raw(family)), None)
+    if eps_key is None:  # OPT's nn.LayerNorm keeps its default eps
+        assert family == "opt" and spec.norm_eps == 1e-5
+    else:
+        assert spec.norm_eps == raw(family)[eps_key] and exp["used"] >= {eps_key}
     # an untied head is an nn.Linear drawn like the rest (initializer_range), a tied one is the token embedding
     assert (spec.head is None) == spec.tie_embeddings
-    assert spec.head_init.std == pytest.approx(raw(family)["initializer_range"], rel=1e-12)
+    assert spec.head_init.std == pytest.approx(raw(family).get("initializer_range", raw(family).get("init_std")),
+                                               rel=1e-12)
     assert spec.head_init.bias_std == 0.0
     assert spec.attention == "softmax" and spec.out_proj
     assert spec.softmax_scale == pytest.approx(exp["softmax_scale"], rel=1e-12)
@@ -147,6 +187,50 @@ def test_mapping_field_by_field(family: str) -> None:
     assert spec.source == str(cfg_path(family))
     # every field is either used or listed once as ignored
     assert ignored_fields(notes) == set(raw(family)) - exp["used"]
+
+
+def test_mixture_of_experts_mapping() -> None:
+    """Mixtral: every block, top-k renormalised, experts intermediate_size wide; Qwen3-MoE: the layers in
+    mlp_only_layers (from 0) and off decoder_sparse_step dense, norm_topk_prob, moe_intermediate_size."""
+    mix, _ = import_config(cfg_path("mixtral"))
+    c = raw("mixtral")
+    assert (mix.moe.experts, mix.moe.top_k, mix.moe.router, mix.moe.normalize, mix.moe.d_ff, mix.moe.dense_blocks,
+            mix.moe.shared, mix.moe.scale) == (c["num_local_experts"], c["num_experts_per_tok"], "softmax", True,
+                                              c["intermediate_size"], (), 0, 1.0)
+    assert mix.moe.router_std == c["initializer_range"]
+    qm, _ = import_config(cfg_path("qwen3_moe"))
+    c = raw("qwen3_moe")
+    assert (qm.moe.experts, qm.moe.top_k, qm.moe.normalize, qm.moe.d_ff, qm.d_ff) == (
+        c["num_local_experts"], c["num_experts_per_tok"], c["norm_topk_prob"], c["moe_intermediate_size"],
+        c["intermediate_size"])
+    assert qm.moe.dense_blocks == tuple(i + 1 for i in c["mlp_only_layers"])
+
+
+def test_falcon_variants(tmp_path: Path) -> None:
+    """The new decoder architecture (Falcon-40B): num_kv_heads groups, always parallel; the old one without
+    multi-query: a K/V head per head; ALiBi and a sequential block with two dropout rates are refused."""
+    c = raw("falcon")
+    spec, _ = import_config(write(tmp_path, c | {"new_decoder_architecture": True, "num_kv_heads": 2,
+                                                 "parallel_attn": False}))
+    assert (spec.kv_heads, spec.parallel_residual) == (2, True)
+    spec, _ = import_config(write(tmp_path, c | {"multi_query": False, "parallel_attn": False}))
+    assert (spec.kv_heads, spec.parallel_residual) == (spec.heads, False)
+    with pytest.raises(SpecError, match="alibi"):
+        import_config(write(tmp_path, c | {"alibi": True}))
+    with pytest.raises(SpecError, match="attention_dropout"):
+        import_config(write(tmp_path, c | {"parallel_attn": False, "attention_dropout": 0.1}))
+
+
+def test_mixture_of_experts_variants(tmp_path: Path) -> None:
+    c = raw("qwen3_moe") | {"num_hidden_layers": 4, "decoder_sparse_step": 2, "mlp_only_layers": []}
+    spec, _ = import_config(write(tmp_path, c))
+    assert spec.moe.dense_blocks == (1, 3)  # layers 0 and 2 (from 0): (i + 1) % 2 != 0
+    spec, notes = import_config(write(tmp_path, c | {"mlp_only_layers": [1, 3]}))
+    assert spec.moe is None and any("every layer is dense" in n for n in notes)
+    with pytest.raises(SpecError, match="router_jitter_noise"):
+        import_config(write(tmp_path, raw("mixtral") | {"router_jitter_noise": 0.1}))
+    with pytest.raises(SpecError, match="mlp_only_layers"):
+        import_config(write(tmp_path, c | {"mlp_only_layers": "0"}))
 
 
 def test_family_notes() -> None:
@@ -322,6 +406,13 @@ for _f in ("mistral", "qwen2", "qwen3", "olmo2", *GEMMA):
     PARAMS[_f] = PARAMS["llama"]
 PARAMS["phi3"] = {"qkv": ["qkv_proj."], "o": ["o_proj."], "ff_in": ["gate_up_proj."], "ff_out": ["down_proj."],
                   "embedding": ["embed_tokens."]}
+PARAMS["falcon"] = {"qkv": ["query_key_value."], "o": ["self_attention.dense."], "ff_in": ["dense_h_to_4h."],
+                    "ff_out": ["dense_4h_to_h."], "embedding": ["word_embeddings."]}
+PARAMS["opt"] = {"q": ["q_proj."], "k": ["k_proj."], "v": ["v_proj."], "o": ["out_proj."], "ff_in": ["fc1."],
+                 "ff_out": ["fc2."], "embedding": ["embed_tokens.", "embed_positions."]}
+for _f in ("mixtral", "qwen3_moe"):  # the experts: 3-D parameters (experts, out, in); the router: mlp.gate
+    PARAMS[_f] = {**PARAMS["llama"], "ff_in": ["gate_proj.", "up_proj.", r"experts\.gate_up_proj$"],
+                  "ff_out": ["down_proj.", r"experts\.down_proj$"], "router": [r"mlp\.gate\.weight"]}
 
 
 @pytest.fixture(scope="module")
@@ -349,11 +440,11 @@ def test_init_matches_real_model(models, family: str) -> None:
     assert model.config.num_hidden_layers == spec.layers
     for mat, patterns in PARAMS[family].items():
         found = [p.detach() for n, p in params.items()
-                 if n.endswith("weight") and any(re.search(s, n) for s in patterns)]
+                 if (n.endswith("weight") or ".experts." in n) and any(re.search(s, n) for s in patterns)]
         assert found, (family, mat)
         w = torch.cat([p.flatten() for p in found])
         rms = w.pow(2).mean().sqrt().item()  # std about 0: the init is zero-mean
-        claimed = spec.init["q"].std if mat == "qkv" else spec.init[mat].std
+        claimed = {"qkv": spec.init["q"].std, "router": spec.moe and spec.moe.router_std}.get(mat) or spec.init[mat].std
         if mat == "qkv":
             assert spec.init["q"].std == spec.init["k"].std == spec.init["v"].std
         assert rms == pytest.approx(claimed, rel=0.05), (family, mat, rms, claimed)
@@ -361,7 +452,7 @@ def test_init_matches_real_model(models, family: str) -> None:
     if family == "gpt2":  # the depth-scaled c_proj really is 1/sqrt(2 n_layer) of the rest
         assert spec.init["o"].std == pytest.approx(spec.init["q"].std / math.sqrt(2 * spec.layers))
     biases = {n: p for n, p in params.items() if n.endswith("bias")}
-    if family not in ("llama", "mistral", "qwen3", "olmo2", "phi3", *GEMMA):  # these have no biases by default
+    if family not in ("llama", "mistral", "qwen3", "olmo2", "phi3", "mixtral", "qwen3_moe", *GEMMA):  # no biases
         assert biases
     for n, b in biases.items():
         assert torch.count_nonzero(b) == 0, n  # bias_std 0 everywhere

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from initadvisor.core.ops import MLP, Attention, Dropout, Norm, Residual, leaves, numpy_backward, numpy_forward
+from initadvisor.core.ops import MLP, Attention, Dropout, MoE, Norm, Residual, leaves, numpy_backward, numpy_forward
 from initadvisor.simulate import init_block, pair_moments
 from initadvisor.spec import build_spec
 from initadvisor.stack import block_params, embeddings
@@ -42,6 +42,14 @@ def _mlp(act, **kw):
     return MLP(params(model={"activation": act}, **kw))
 
 
+def _moe(**moe):
+    """A mixture of experts whose router's logits have std near 1.3 at q 1.7 (routing far from uniform)."""
+    model = {"layers": 1, "d_model": D, "heads": 4, "d_ff": 128, "activation": "swiglu"}
+    spec = build_spec({"model": model, "sequence": {"length": T, "vocab": 101}, "init": {"std": 0.09},
+                       "moe": {"experts": 4, "top_k": 2, "d_ff": 48, "router_std": 0.1, **moe}})
+    return MoE(block_params(spec, moe=True))
+
+
 OPERATIONS = {
     "norm-layernorm": lambda: Norm("layernorm"),
     "norm-rmsnorm": lambda: Norm("rmsnorm"),
@@ -63,6 +71,9 @@ OPERATIONS = {
                                                               "softmax_scale": 0.2}),
     **{f"mlp-{act}": (lambda act=act: _mlp(act, init={"std": 0.09, "ff_in": {"bias_std": 0.1}}))
        for act in ("relu", "gelu", "gelu_tanh", "silu", "tanh", "linear", "swiglu", "geglu")},
+    "moe-softmax": lambda: _moe(),  # Mixtral: top-k renormalised
+    "moe-softmax-unnormalised": lambda: _moe(experts=6, top_k=3, normalize=False),  # Qwen3-MoE's default
+    "moe-sigmoid-shared": lambda: _moe(router="sigmoid", scale=2.5, shared_experts=1),  # DeepSeek-V3
     "residual-mlp": lambda: Residual(0.8, ((0.6, (_mlp("relu", init={"std": 0.09}),)),)),
     "residual-pre-norm": lambda: Residual(1.0, ((1.0, (Norm(), _mlp("gelu", init={"std": 0.09}), Dropout(0.1))),)),
     "residual-sandwich": lambda: Residual(1.0, ((1.0, (Norm("rmsnorm"), _mlp("swiglu", init={"std": 0.09}),
@@ -172,6 +183,9 @@ TORCH_NAMES = {  # numpy weight name -> torch parameter (the transposed weight, 
     MLP: lambda op: ({"w_gate": "ff_in.weight", "b_gate": "ff_in.bias", "w_in": "ff_up.weight", "b_in": "ff_up.bias"}
                      if op.P.activation in ("swiglu", "geglu") else {"w_in": "ff_in.weight", "b_in": "ff_in.bias"})
     | {"w_out": "ff_out.weight", "b_out": "ff_out.bias"},
+    MoE: lambda op: {"w_router": "router.weight"}
+    | {f"e{j}.{n}": f"experts.{j}.{t}" for j in range(op.P.experts) for n, t in TORCH_NAMES[MLP](op).items()}
+    | {f"shared.{n}": f"shared.{t}" for n, t in TORCH_NAMES[MLP](op).items()},
 }
 
 

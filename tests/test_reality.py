@@ -64,6 +64,23 @@ def _config(family: str):
         return t.Phi3Config(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
                             num_key_value_heads=2, intermediate_size=688, max_position_embeddings=T, resid_pdrop=0.1,
                             embd_pdrop=0.1, attention_dropout=0.1, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    if family == "mixtral":  # Llama's block with 8 experts of 3.5 d, top 2 renormalised (Mixtral 8x7B's ratios)
+        return t.MixtralConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
+                               num_key_value_heads=2, intermediate_size=7 * D // 2, num_local_experts=8,
+                               num_experts_per_tok=2, max_position_embeddings=T, bos_token_id=0, eos_token_id=0)
+    if family == "qwen3_moe":  # Qwen3's block, top 4 of 64 experts of 3 d / 8 (Qwen3-30B-A3B: 8 of 128), not
+        # renormalised (transformers' default), block 1 dense
+        return t.Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
+                                num_key_value_heads=2, head_dim=2 * D // HEADS, intermediate_size=688,
+                                moe_intermediate_size=3 * D // 8, num_experts=64, num_experts_per_tok=4,
+                                mlp_only_layers=[0], max_position_embeddings=T, bos_token_id=0, eos_token_id=0)
+    if family == "falcon":  # Falcon-7B's block: parallel attention and MLP on one LayerNorm, multi-query, GeLU
+        return t.FalconConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
+                              max_position_embeddings=T, bos_token_id=0, eos_token_id=0)
+    if family == "opt":  # pre-LN, ReLU, learned positions, dropout 0.1 on both branches (none on the embeddings)
+        return t.OPTConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
+                           ffn_dim=4 * D, max_position_embeddings=T, word_embed_proj_dim=D, bos_token_id=0,
+                           eos_token_id=0, pad_token_id=1)
     if family in ("gemma2", "gemma3_text"):  # sandwich norms, embeddings x sqrt(d), GeGLU; Gemma 3: QK-norm
         cls = t.Gemma2Config if family == "gemma2" else t.Gemma3TextConfig
         return cls(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
@@ -72,7 +89,8 @@ def _config(family: str):
     raise KeyError(family)
 
 
-FAMILIES = ("bert", "gpt2", "gpt_neox", "llama", "qwen3", "olmo2", "phi3", "gemma2", "gemma3_text")
+FAMILIES = ("bert", "gpt2", "gpt_neox", "llama", "qwen3", "olmo2", "phi3", "gemma2", "gemma3_text", "mixtral",
+            "qwen3_moe", "opt", "falcon")
 _CACHE: dict[str, dict] = {}
 
 
@@ -275,6 +293,38 @@ def test_gemma_sandwich_norms_rho(result, family):
     assert rho_abs_err(r).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r)) + "\n" + _table(r)
     if family == "gemma2":
         assert rho_abs_err(r, late=True).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r, late=True)) + "\n" + _table(r)
+
+
+def test_opt_pre_ln(result):
+    """Learned positions, ReLU, dropout on both branches but not on the embeddings."""
+    r = result("opt")
+    assert q_rel_err(r).max() <= Q_REL, _fmt(q_rel_err(r)) + "\n" + _table(r)
+    assert rho_abs_err(r).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r)) + "\n" + _table(r)
+    assert rho_abs_err(r, late=True).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r, late=True)) + "\n" + _table(r)
+
+
+def test_falcon_parallel_multi_query(result):
+    r = result("falcon")
+    assert q_rel_err(r).max() <= Q_REL, _fmt(q_rel_err(r)) + "\n" + _table(r)
+    assert rho_abs_err(r).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r)) + "\n" + _table(r)
+    assert rho_abs_err(r, late=True).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r, late=True)) + "\n" + _table(r)
+
+
+def test_mixtral_experts(result):
+    """8 experts, top 2 renormalised: each token's MLP branch is sum_j w_j^2 = 0.5-0.55 of one expert's (the
+    router's logits have std 0.32 here), and two tokens share an expert less often than they share direction."""
+    r = result("mixtral")
+    assert q_rel_err(r).max() <= Q_REL, _fmt(q_rel_err(r)) + "\n" + _table(r)
+    assert rho_abs_err(r).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r)) + "\n" + _table(r)
+    assert rho_abs_err(r, late=True).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r, late=True)) + "\n" + _table(r)
+
+
+def test_qwen3_moe_experts(result):
+    """Top 4 of 64 experts, weights not renormalised (0.016 each), block 1 dense. Its late third is Qwen3's
+    (QK-norm) known gap at block 1 (printed in the accuracy table, not gated)."""
+    r = result("qwen3_moe")
+    assert q_rel_err(r).max() <= Q_REL, _fmt(q_rel_err(r)) + "\n" + _table(r)
+    assert rho_abs_err(r).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r)) + "\n" + _table(r)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ def test_table_output_and_k():
     assert big["deepscalelm"]["beta2"] == pytest.approx(0.5) and "k/N" not in big["deepscalelm"]["caveats"][0]
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2", "llama", "gpt_neox"])
+@pytest.mark.parametrize("family", ["bert", "gpt2", "llama", "gpt_neox", "falcon", "opt", "mixtral"])
 def test_init_weights_snippet_sets_the_stds_on_real_models(family):
     """The pasted `init_weights` gives every matrix of a real HuggingFace model the recommended std."""
     torch = pytest.importorskip("torch")
@@ -126,10 +126,10 @@ def test_init_weights_snippet_sets_the_stds_on_real_models(family):
     model = transformers.AutoModel.from_config(transformers.AutoConfig.from_pretrained(cfg_path.parent))
     done = ns["init_weights"](model)
     want = build_spec(rep["patched_spec"]).init
-    modules = dict(model.named_modules())
+    weights = {n: m.weight for n, m in model.named_modules() if hasattr(m, "weight")} | dict(model.named_parameters())
     seen = set()
     for name, role in done.items():
-        w = modules[name].weight.detach()
+        w = weights[name].detach()  # a module's weight, or a mixture of experts' stacked parameter
         if role in ("q", "k", "v", "o", "ff_in", "ff_out") and w.numel() > 2000:
             assert float(w.std()) == pytest.approx(want[role].std, rel=0.06), (name, role)
             seen.add(role)

@@ -35,6 +35,7 @@ QUANTITY = {
     "grad_vanish": (lambda rep: rep["growth"]["gradient"]["blocks"], False),
     "qk_grad_ratio_min": (lambda rep: min(row["qk_to_v_grad_ratio"] for row in rep["layers"][1:]), False),
     "initial_loss_excess": (lambda rep: rep["initial_loss"]["expected"] - rep["initial_loss"]["uniform"], True),
+    "router_shrink": (lambda rep: rep["routing"]["shrink"], False),
 }
 EPS = 1e-4  # "just below / just above": far wider than the report's 6 significant digits
 

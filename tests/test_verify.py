@@ -164,7 +164,7 @@ def _hf_model(cfg_path, seed):
     return transformers.AutoModel.from_config(transformers.AutoConfig.from_pretrained(cfg_path.parent))
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2", "gpt_neox", "llama"])
+@pytest.mark.parametrize("family", ["bert", "gpt2", "gpt_neox", "llama", "falcon", "mixtral"])
 def test_apply_draws_what_the_snippet_draws(family):
     """`apply` (numbers only) and the pasted `init_weights` snippet (executed here, in the test only) give the
     same modules, roles and weights: the same random draws in the same order under the same seed. A bias std
@@ -193,7 +193,8 @@ def test_apply_draws_what_the_snippet_draws(family):
     assert pa.keys() == pb.keys()
     for name in pa:
         assert torch.equal(pa[name], pb[name]), name
-    stds = {n: float(m.weight.detach().std()) for n, m in b.named_modules() if n in done}
+    weights = {n: m.weight for n, m in b.named_modules() if hasattr(m, "weight")} | dict(b.named_parameters())
+    stds = {n: float(weights[n].detach().std()) for n in done}
     assert {c["module"]: c["std_after"] for c in changes} == pytest.approx(stds, rel=1e-6)
 
 

@@ -220,6 +220,8 @@ def _parts(model: nn.Module, prefix: str | None, heads: int | None) -> list[_Par
             seen.add(id(p))
             name, block, w = f"{mname}.{pname}" if mname else pname, _block_of(mname, prefix), p.detach()
             kind = "bias" if pname == "bias" else "weight" if p.dim() >= 2 else "param"
+            if p.dim() == 3:  # a mixture of experts' stacked matrices (experts, out, in), named by parameter
+                role = next((r for suffix, r in ROLES if name.endswith(suffix)), role)
             if role == "norm" and pname == "weight" and p.dim() == 1:
                 out.append(_Part(name, "norm", "gain", block, module, *_gain(module, w)))
             elif kind == "weight" and role in ("qkv", "qkv-neox"):
@@ -234,10 +236,12 @@ def _split(module: nn.Module, w: torch.Tensor, role: str, heads: int | None) -> 
         dim = 1 if type(module).__name__ == "Conv1D" else 0
         d = w.shape[1 - dim]
         return list(zip("qkv", w.split([d, (w.shape[dim] - d) // 2, (w.shape[dim] - d) // 2], dim=dim)))
-    if heads is None:  # GPT-NeoX rows interleave per head: without the head count, one qkv tensor
+    if heads is None:  # rows per K/V group (GPT-NeoX: per head): without the head count, one qkv tensor
         return [("qkv", w)]
-    view = w.view(heads, 3, -1, w.shape[1])
-    return [(r, view[:, i]) for i, r in enumerate("qkv")]
+    hd = w.shape[1] // heads
+    groups = (w.shape[0] // hd - heads) // 2  # init_code.init_matrices' layout: Falcon's groups, NeoX's heads
+    view = w.view(groups, heads // groups + 2, hd, w.shape[1])
+    return [("q", view[:, :-2]), ("k", view[:, -2]), ("v", view[:, -1])]
 
 
 def _gain(module: nn.Module, w: torch.Tensor) -> tuple[torch.Tensor, str]:

@@ -66,6 +66,22 @@ def width(stack: Stack, trace: Trace) -> dict | None:
                            for t, x, y in zip(Ts, sr, src)]}
 
 
+def routing(spec, trace: Trace) -> dict | None:
+    """A mixture of experts' routed branch at its first MoE block: sum_j w_j^2 (its second moment over one expert's,
+    core.routing) and top_k times it (1 for renormalised weights at uniform routing); the router's input q is 1
+    behind a norm, else the stream entering the block."""
+    E = spec.moe
+    b = next((i for i in range(spec.layers) if i + 1 not in E.dense_blocks), None) if E else None
+    if b is None:  # dense, or every block in dense_blocks
+        return None
+    from initadvisor.core.routing import statistics
+
+    q = 1.0 if spec.norm in ("pre", "post", "sandwich") else float(trace.q[b])
+    A = float(statistics(E.experts, E.top_k, E.router, E.normalize, E.scale, E.router_std**2 * spec.d_model * q,
+                         1.0)[0])
+    return {"block": b + 1, "experts": E.experts, "top_k": E.top_k, "sum_w2": _f(A), "shrink": _f(E.top_k * A)}
+
+
 def growth(stack: Stack, trace: Trace) -> dict:
     norm = stack.layers[0].norm
     return {"forward": G.forward_growth(trace.q), "gradient": G.gradient_growth(trace.grad_q, trace.q, norm)}
@@ -130,6 +146,7 @@ class Analysis:
     qk: np.ndarray  # Result 2's scaled Q gradient per block
     ratio: np.ndarray  # Noci's Q/K-to-V gradient ratio per block
     loss: dict  # the expected step-0 loss (initadvisor.loss.initial_loss): expected, uniform, logit_std
+    routing: dict | None  # a mixture of experts' routed branch (routing()), None when dense
 
 
 def analyse(spec, stack: Stack | None = None) -> Analysis:
@@ -139,7 +156,7 @@ def analyse(spec, stack: Stack | None = None) -> Analysis:
     trace = propagate(stack)
     ct = causal_trace(stack)
     return Analysis(stack, trace, ct, growth(stack, trace), width(stack, trace), *qk_laws(stack, trace),
-                    initial_loss(spec, trace, stack, ct))
+                    initial_loss(spec, trace, stack, ct), routing(spec, trace))
 
 
 def diagnose(spec, a: Analysis) -> list[Finding]:
@@ -188,7 +205,7 @@ def check(spec, fail_on: str = "error", chosen=None, ignored=None) -> dict:
     Values the engine cannot resolve (overflowed, underflowed) are null, each quantity named by an IA104."""
     a = analyse(spec)
     body, bad = clean({"growth": _clean(a.growth), "width": a.width, "causal": causal_summary(spec, a.ct),
-                       "initial_loss": _clean(a.loss), "layers": layer_rows(a)})
+                       "initial_loss": _clean(a.loss), "routing": a.routing, "layers": layer_rows(a)})
     findings = select(diagnose(spec, a) + overflow_findings(bad), spec.select if chosen is None else chosen,
                       spec.ignore if ignored is None else ignored)
     return {

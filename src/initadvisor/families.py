@@ -19,6 +19,9 @@ The mappings follow what `transformers` (5.x) does when it builds a randomly ini
   Qwen3 normalises each head's queries and keys (RMSNorm, weight 1) before the scores, OLMo 2 all heads' queries
   and keys at once, and puts its norms after each branch instead of before (h + RMSNorm(f(h))); Phi-3 fuses
   q, k and v into one qkv_proj ([q | k | v] rows) and the gate and up projections into gate_up_proj;
+* Mixtral's and Qwen3-MoE's experts are stacked 3-D parameters (experts, out, in) and their routers Linear
+  layers, all drawn with initializer_range; OPT draws everything with init_std; Falcon fuses q, k and v per K/V
+  group (one group for multi-query);
 * the output head (`...ForCausalLM.lm_head`, GPT-NeoX's `embed_out`, BERT's MLM decoder) is the token embedding
   when `tie_word_embeddings` (default true for GPT-2 and the BERT family, false for GPT-NeoX, Llama, Mistral,
   Qwen2), else an nn.Linear with the plain rule; the decoders end in a final norm (ln_f, final_layer_norm,
@@ -59,7 +62,8 @@ class Family:
     def fused_qkv(self) -> str | None:
         """The role of a fused q/k/v matrix, which says how `init_code.init_matrices` splits it: "qkv" = [q | k | v]
         blocks along the output dimension (GPT-2's Conv1D (d, 3d), nanoGPT's Linear (3d, d)); "qkv-neox" = rows
-        interleaved per head as (head, [q, k, v], head_dim) (GPT-NeoX). None: separate q, k and v matrices."""
+        per K/V group as (group, [q x heads/groups, k, v], head_dim): GPT-NeoX a group per head, Falcon one
+        (multi-query) or num_kv_heads. None: separate q, k and v matrices."""
         return next((role for _, role in self.rules if role.startswith("qkv")), None)
 
 
@@ -294,6 +298,82 @@ def _gpt_neox(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     }
 
 
+def _falcon(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
+    """Falcon: one input LayerNorm shared by attention and MLP in parallel (h + attn(N h) + mlp(N h); the new
+    decoder architecture's two norms are equal at init), multi-query (one K/V head) or num_kv_heads, GeLU,
+    rotary, no biases, one dropout on the sum of the branches; every Linear and Embedding ~ N(0,
+    initializer_range^2), the head tied."""
+    g = cfg.get
+    layers = g("num_hidden_layers", "posint", required=True, spec_key="model.layers")
+    d = g("hidden_size", "posint", required=True, spec_key="model.d_model")
+    heads = g("num_attention_heads", "posint", required=True, spec_key="model.heads")
+    d_ff = g("ffn_hidden_size", "posint", None, spec_key="model.d_ff") or 4 * d
+    act = _activation(cfg, "activation", "gelu", False, notes)
+    length = _seq(cfg, "max_position_embeddings")
+    vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
+    if g("alibi", "bool", False):
+        raise cfg.error("ALiBi position biases are not modelled", "alibi")
+    new = g("new_decoder_architecture", "bool", False)
+    if new:
+        kv = g("num_kv_heads", "posint", heads, spec_key="model.kv_heads")
+        g("num_ln_in_parallel_attn", "any", None)  # 1 or 2 input norms: equal (unit gains) at init
+    else:
+        kv = 1 if g("multi_query", "bool", True, spec_key="model.kv_heads") else heads
+    parallel = new or g("parallel_attn", "bool", True, spec_key="model.parallel_residual")
+    drop = g("hidden_dropout", "prob", 0.0, spec_key="dropout")
+    attn_drop = g(fam.attn_dropout_key, "prob", 0.0, spec_key="attention_dropout")
+    if not parallel and attn_drop != drop:  # the sequential block drops the attention branch at attention_dropout
+        raise cfg.error(f"the sequential block (parallel_attn: false) drops the attention branch at attention_dropout "
+                        f"{attn_drop:g} and the MLP's at hidden_dropout {drop:g}: one rate is modelled",
+                        "attention_dropout")
+    _rotary_note(cfg, notes)
+    std = _init_std(cfg, notes)
+    head = _head(cfg, True, True, False)  # ln_f, then the tied lm_head
+    model = _decoder(layers, d, heads, kv, d_ff, act, "layernorm", parallel, None, head)
+    model["norm_eps"] = _eps(cfg, "layer_norm_epsilon", 1e-5)
+    return {
+        "model": model,
+        "sequence": {"length": length, "vocab": vocab, "embeddings": ["token"]},
+        "dropout": drop, "embedding_dropout": 0.0, "attention_dropout": attn_drop,
+        "init": _init(std, head["tie_embeddings"]),
+    }
+
+
+def _opt(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
+    """OPT: learned positions (offset 2: rows 2..T + 1 of a table drawn like the rest), ReLU, zero biases, dropout
+    on both branches (none on the embeddings); pre-LN with a final LayerNorm, or post-LN without an embedding norm
+    (do_layer_norm_before: false, OPT-350m). Every Linear and Embedding ~ N(0, init_std^2)."""
+    g = cfg.get
+    layers = g("num_hidden_layers", "posint", required=True, spec_key="model.layers")
+    d = g("hidden_size", "posint", required=True, spec_key="model.d_model")
+    heads = g("num_attention_heads", "posint", required=True, spec_key="model.heads")
+    d_ff = g("ffn_dim", "posint", required=True, spec_key="model.d_ff")
+    act = _activation(cfg, "activation_function", "relu", False, notes)
+    length = _seq(cfg, "max_position_embeddings")
+    vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
+    proj = g("word_embed_proj_dim", "posint", None)
+    if proj is not None and proj != d:  # OPT-350m: project_in (proj -> d) on the token embeddings only
+        raise cfg.error(f"token embeddings of width {proj} projected to hidden_size {d} (project_in, project_out) "
+                        "are not modelled", "word_embed_proj_dim")
+    if g("layerdrop", "prob", 0.0):
+        raise cfg.error("layerdrop (whole layers skipped at random in training) is not modelled", "layerdrop")
+    if g("layer_norm_elementwise_affine", "bool", True) is False:
+        notes.append("layer_norm_elementwise_affine: false: norms without gains, the same at init (gains 1)")
+    pre = g("do_layer_norm_before", "bool", True, spec_key="model.norm")
+    final = pre and not g("_remove_final_layer_norm", "bool", False, spec_key="model.final_norm")
+    std = g("init_std", "float", 0.02, spec_key="init.std")
+    head = _head(cfg, True, final, False)  # final_layer_norm (pre-LN), then the tied lm_head
+    model = _decoder(layers, d, heads, heads, d_ff, act, "layernorm", False, None, head)
+    model.update(norm="pre" if pre else "post", norm_eps=1e-5)  # nn.LayerNorm's default eps
+    return {
+        "model": model,
+        "sequence": {"length": length, "vocab": vocab, "embeddings": ["token", "position"]},
+        "dropout": g("dropout", "prob", 0.1, spec_key="dropout"), "embedding_dropout": 0.0,  # OPTDecoder: none
+        "attention_dropout": g(fam.attn_dropout_key, "prob", 0.0, spec_key="attention_dropout"),
+        "init": _init(std, head["tie_embeddings"]),
+    }
+
+
 def _llama_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     g = cfg.get
     layers, d, heads, d_ff = _shape(cfg)
@@ -317,8 +397,12 @@ def _llama_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
         model["qk_norm"] = "head"
     if fam.model_type == "olmo2":  # h + RMSNorm(f(h)) per branch; q_norm, k_norm over all heads' q and k
         model.update(norm="reordered", qk_norm="all")
+    if fam.model_type == "qwen3_moe":
+        model["qk_norm"] = "head"
+    moe = _moe(cfg, fam.model_type, layers, std, notes)
     return {
         "model": model,
+        **({"moe": moe} if moe else {}),
         "sequence": {"length": length, "vocab": vocab, "embeddings": ["token"]},
         # Phi-3 drops out both branches' outputs (resid_pdrop; transformers never applies its embd_pdrop); the
         # other families have no residual or embedding dropout
@@ -373,11 +457,43 @@ def _gemma(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     }
 
 
+def _moe(cfg: _Config, mt: str, layers: int, std: float, notes: list[str]) -> dict[str, Any] | None:
+    """The `moe` section: Mixtral (every layer; top-k softmax renormalised, experts intermediate_size wide) and
+    Qwen3-MoE (every decoder_sparse_step-th layer but mlp_only_layers; norm_topk_prob, experts
+    moe_intermediate_size wide, the dense layers intermediate_size). The router and the experts are drawn with
+    initializer_range (their `_init_weights`)."""
+    g = cfg.get
+    if mt == "mixtral":
+        if g("router_jitter_noise", "float", 0.0):  # train mode: the MoE input times U(1 - j, 1 + j)
+            raise cfg.error("router jitter noise (the MoE input times U(1 - j, 1 + j) in train mode) is not "
+                            "modelled", "router_jitter_noise")
+        return {"experts": g("num_local_experts", "posint", 8, spec_key="moe.experts", aliases=("num_experts",)),
+                "top_k": g("num_experts_per_tok", "posint", 2, spec_key="moe.top_k"), "router": "softmax",
+                "normalize": True, "router_std": std}
+    if mt != "qwen3_moe":
+        return None
+    experts = g("num_experts", "posint", 128, spec_key="moe.experts", aliases=("num_local_experts",))
+    step = g("decoder_sparse_step", "posint", 1, spec_key="moe.dense_blocks")
+    only = g("mlp_only_layers", "any", [])
+    if only is not None and not (isinstance(only, list) and all(isinstance(i, int) and not isinstance(i, bool)
+                                                               for i in only)):
+        raise cfg.error("expected a list of layer indices", "mlp_only_layers")
+    only = set(only or [])
+    dense = [i + 1 for i in range(layers) if i in only or (i + 1) % step != 0]
+    if len(dense) == layers:
+        notes.append("every layer is dense (decoder_sparse_step, mlp_only_layers): no mixture of experts")
+        return None
+    return {"experts": experts, "top_k": g("num_experts_per_tok", "posint", 8, spec_key="moe.top_k"),
+            "router": "softmax", "normalize": g("norm_topk_prob", "bool", False, spec_key="moe.normalize"),
+            "d_ff": g("moe_intermediate_size", "posint", 768, spec_key="moe.d_ff"), "dense_blocks": dense,
+            "router_std": std}
+
+
 def _sliding_window(cfg: _Config, mt: str, layers: int, length: int, notes: list[str]) -> None:
     if mt in ("llama", "olmo2"):
         return
     g = cfg.get
-    if mt in ("mistral", "phi3"):  # every layer; Phi-3's default is no window
+    if mt in ("mistral", "phi3", "mixtral"):  # every layer; Phi-3's and Mixtral's default is no window
         default = 4096 if mt == "mistral" and "sliding_window" not in cfg.raw else None
         window = g("sliding_window", "posint", default)
         n_sliding = layers if window is not None else 0
@@ -421,8 +537,10 @@ def _rules(*suffixes: str) -> tuple[tuple[str, str], ...]:
 _BERT_RULES = _rules("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
                      "intermediate.dense", "output.dense",
                      "word_embeddings", "position_embeddings", "token_type_embeddings")
-_LLAMA_RULES = _rules("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                      "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "embed_tokens")
+_LLAMA_ATTENTION_RULES = _rules("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                "embed_tokens")
+_LLAMA_RULES = _LLAMA_ATTENTION_RULES + _rules("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+_EXPERT_RULES = _rules("mlp.experts.gate_up_proj", "mlp.experts.down_proj")  # stacked (E, out, in) parameters
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("bert", _bert_like, ("encoder.layer", "bert.encoder.layer"), _BERT_RULES,
@@ -444,6 +562,15 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("phi3", _llama_like, ("layers", "model.layers"),
            _rules("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj", "embed_tokens"),
            "attention_dropout"),
+    Family("mixtral", _llama_like, ("layers", "model.layers"), _LLAMA_ATTENTION_RULES + _EXPERT_RULES,
+           "attention_dropout"),
+    Family("qwen3_moe", _llama_like, ("layers", "model.layers"), _LLAMA_RULES + _EXPERT_RULES, "attention_dropout"),
+    Family("falcon", _falcon, ("h", "transformer.h"),
+           _rules("attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h",
+                  "word_embeddings"), "attention_dropout"),
+    Family("opt", _opt, ("decoder.layers", "model.decoder.layers"),
+           _rules("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj", "fc1", "fc2",
+                  "embed_tokens", "embed_positions"), "attention_dropout"),
     Family("gemma2", _gemma, ("layers", "model.layers"), _LLAMA_RULES, "attention_dropout"),
     Family("gemma3_text", _gemma, ("layers", "model.layers"), _LLAMA_RULES, "attention_dropout"),
 )}
@@ -457,6 +584,7 @@ BLOCK_PATHS = (
     "transformer.h",  # GPT2LMHeadModel, nanoGPT
     "gpt_neox.layers",  # GPTNeoXForCausalLM
     "model.layers",  # LlamaForCausalLM & co.
+    "decoder.layers", "model.decoder.layers",  # OPT
     "bert.encoder.layer", "roberta.encoder.layer", "electra.encoder.layer",
     "blocks",  # initadvisor.torch.SpecModel
 )

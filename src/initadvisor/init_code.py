@@ -4,7 +4,8 @@ The snippet is for people to paste; initadvisor never executes it. Its loop is `
 own source: `initadvisor.torch.apply` calls the same function with the numbers (`numbers(spec)`) and `RULES`,
 so a recommendation JSON can never run code and the paste and `apply` cannot drift apart. Module names
 covered: HuggingFace BERT/RoBERTa/ELECTRA, GPT-2, GPT-NeoX, the Llama family (Mistral, Qwen2/3, OLMo 2, Phi-3,
-Gemma 2/3), and nanoGPT.
+Gemma 2/3, the experts of Mixtral and Qwen3-MoE; their routers are left to the model), OPT, Falcon, and
+nanoGPT.
 The rules live here, not in `initadvisor.families`, because the snippet prints them and must not import
 initadvisor; each registry entry there names the rules its family's modules match.
 """
@@ -18,8 +19,10 @@ _RULES_TEXT = """[
     ("attention.self.query", "q"), ("attention.self.key", "k"), ("attention.self.value", "v"),
     ("attention.output.dense", "o"), ("intermediate.dense", "ff_in"), ("output.dense", "ff_out"),
     ("self_attn.q_proj", "q"), ("self_attn.k_proj", "k"), ("self_attn.v_proj", "v"), ("self_attn.o_proj", "o"),
+    ("self_attn.out_proj", "o"), ("fc1", "ff_in"), ("fc2", "ff_out"), ("embed_positions", "embedding"),
     ("mlp.gate_proj", "ff_in"), ("mlp.up_proj", "ff_in"), ("mlp.down_proj", "ff_out"),
     ("self_attn.qkv_proj", "qkv"), ("mlp.gate_up_proj", "ff_in"),
+    ("mlp.experts.gate_up_proj", "ff_in"), ("mlp.experts.down_proj", "ff_out"),
     ("attention.query_key_value", "qkv-neox"), ("attention.dense", "o"),
     ("mlp.dense_h_to_4h", "ff_in"), ("mlp.dense_4h_to_h", "ff_out"),
     ("attn.c_attn", "qkv"), ("attn.c_proj", "o"), ("mlp.c_fc", "ff_in"), ("mlp.c_proj", "ff_out"),
@@ -35,6 +38,11 @@ def init_matrices(model, std, bias_std, rules, heads):
     done = {}
     with torch.no_grad():
         for name, module in model.named_modules():
+            for pname, p in module.named_parameters(recurse=False):  # stacked experts (E, out, in): Mixtral
+                role = next((r for suffix, r in rules if f"{name}.{pname}".endswith(suffix)), None)
+                if role is not None and p.dim() == 3:
+                    p.normal_(0.0, std[role])
+                    done[f"{name}.{pname}"] = role
             role = next((r for suffix, r in rules if name.endswith(suffix)), None)
             w = getattr(module, "weight", None)
             if role is None or not isinstance(w, torch.Tensor) or w.dim() != 2:
@@ -45,10 +53,13 @@ def init_matrices(model, std, bias_std, rules, heads):
                 parts = w.split([d, (w.shape[dim] - d) // 2, (w.shape[dim] - d) // 2], dim=dim)
                 for part, r in zip(parts, "qkv"):
                     part.normal_(0.0, std[r])
-            elif role == "qkv-neox":  # GPT-NeoX: rows interleaved per head as (head, [q, k, v], head_dim)
-                view = w.view(heads, 3, -1, w.shape[1])
-                for i, r in enumerate("qkv"):
-                    view[:, i].normal_(0.0, std[r])
+            elif role == "qkv-neox":  # rows per K/V group: (group, [q x heads/groups, k, v], head_dim); GPT-NeoX:
+                hd = w.shape[1] // heads  # a group per head; Falcon: one group (multi-query) or num_kv_heads
+                groups = (w.shape[0] // hd - heads) // 2
+                view = w.view(groups, heads // groups + 2, hd, w.shape[1])
+                view[:, :-2].normal_(0.0, std["q"])
+                view[:, -2].normal_(0.0, std["k"])
+                view[:, -1].normal_(0.0, std["v"])
             else:
                 w.normal_(0.0, std[role])
             b = getattr(module, "bias", None)

@@ -127,6 +127,19 @@ def numeric_range(spec, a) -> list[Finding]:
     return []
 
 
+def router_shrink(spec, a) -> list[Finding]:
+    r = a.routing
+    if r is None or r["shrink"] >= spec.thresholds["router_shrink"]:
+        return []
+    E = spec.moe
+    how = "" if E.normalize else ", not renormalised"
+    return [finding("IA105", f"the router's top {E.top_k} of {E.experts} weights ({E.router}{how}) leave the MoE "
+                             f"branch sum_j w_j^2 = {show(r['sum_w2'], '.3g')} of one expert's second moment, "
+                             f"{show(r['shrink'], '.3g')} x the 1/k of renormalised weights: the branch's and its "
+                             f"experts' gradients' second moments start {show(1 / r['shrink'], '.3g')}x smaller",
+                    r["block"])]
+
+
 def _beta_ratio(a):
     x = a.trace.beta / a.trace.beta_c
     return x, int(x.argmax())
@@ -299,6 +312,22 @@ RULES: dict[str, Rule] = {r.code: r for r in [
             "scaling; see `initadvisor recommend`.",
         fails={"model": {"layers": 24, "norm": "none"}, "init": {"std": 1000}},
         passes={"model": {"layers": 24, "norm": "pre"}, "init": {"std": 1000}},
+    ),
+    Rule(
+        code="IA105", name="router-shrinks-branch", severity="warning", title="The router shrinks the MLP branch",
+        threshold_key="router_shrink", criterion="routing.shrink = top_k x sum_j w_j^2 < router_shrink (first MoE block)",
+        keys=("moe.normalize", "moe.scale", "moe.top_k", "moe.experts", "moe"), check=router_shrink,
+        meaning="A mixture-of-experts branch is sum_j w_j f_j over each token's top k experts: its second moment is "
+                "sum_j w_j^2 times one expert's. Renormalised top-k weights give about 1/k; the full softmax's "
+                "values (not renormalised, transformers' default for Qwen3-MoE) give about k / E^2, so the branch's "
+                "second moment, and its experts' weight gradients' (times w_j^2), start (E / k)^2 times smaller "
+                "than with renormalised weights: at init the blocks are attention-only and the experts barely learn.",
+        formula="q_moe = (sum_j w_j^2) q_expert; uniform routing: 1/k (renormalised), k / E^2 (softmax over E)",
+        source="core/routing.py (Monte-Carlo over the router's Gaussian logits); Shazeer et al. 2017, "
+               "Fedus et al. 2022 (Switch), sec. 2.2",
+        fix="Renormalise the top-k weights (moe.normalize: true; HF norm_topk_prob: true) or scale them (moe.scale, "
+            "DeepSeek's routed_scaling_factor).",
+        fails={"moe": {"experts": 32, "top_k": 4, "normalize": False}}, passes={"moe": {"experts": 32, "top_k": 4}},
     ),
     Rule(
         code="IA201", name="entropy-collapse", severity="error", title="Entropy collapse",

@@ -76,6 +76,8 @@ def memory_needed(spec: Spec, batch: int, itemsize: int, tables: bool = False) -
     and the per-block caches the backward needs (attention matrices, projections, MLP activations); `tables`:
     the full embedding tables too (the PyTorch model builds them; numpy draws only the rows it uses)."""
     d, f, T, H, L = spec.d_model, spec.d_ff, spec.seq_len, spec.heads, spec.layers
+    if spec.moe is not None:  # every expert (and the shared ones) runs on every token in the numpy network
+        f = max(f, (spec.moe.experts + spec.moe.shared) * spec.moe.d_ff)
     gates = 2 if spec.activation in GATED else 1
     weights = 4 * d * d + (1 + gates) * d * f
     per_block = (2 + (spec.attention_dropout > 0)) * H * T * T + 8 * T * d + (1 + 2 * gates) * T * f

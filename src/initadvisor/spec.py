@@ -21,11 +21,13 @@ QK_NORMS = ("none", "head", "all")  # a norm on the queries and keys: none, per 
 ATTENTIONS = ("softmax", "centered")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "tanh", "linear", "swiglu", "geglu")
 EMBEDDINGS = ("token", "position", "segment")
+ROUTERS = ("softmax", "sigmoid")  # a mixture of experts' router (initadvisor.core.routing)
 MAX_NODES = 20_000  # YAML nodes visited at most: a spec is small, an alias bomb is not
 MAX_BYTES = 1 << 20  # a spec file is a few hundred bytes; refuse anything over 1 MiB before parsing it
 VERSION = 1  # the spec format version this initadvisor reads and writes (the top-level `version` key)
 MAX_INT = {"model.layers": 100_000, "model.d_model": 1_000_000, "model.heads": 1_000_000, "model.head_dim": 1_000_000,
-           "model.kv_heads": 1_000_000, "model.d_ff": 10_000_000, "sequence.length": 10_000_000}
+           "model.kv_heads": 1_000_000, "model.d_ff": 10_000_000, "sequence.length": 10_000_000,
+           "moe.experts": 4096, "moe.top_k": 4096, "moe.d_ff": 10_000_000, "moe.shared_experts": 4096}
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,21 @@ class MatrixInit:
 class Residual:
     skip: float = 1.0
     block: float = 1.0
+
+
+@dataclass(frozen=True)
+class Experts:
+    """A mixture-of-experts MLP in every block but `dense_blocks` (the `moe` section)."""
+
+    experts: int
+    top_k: int = 1
+    router: str = "softmax"  # softmax | sigmoid (core.routing)
+    normalize: bool = True  # the top-k weights divided by their sum
+    scale: float = 1.0  # the routed weights times this (DeepSeek's routed_scaling_factor)
+    d_ff: int = 0  # each expert's hidden width
+    shared: int = 0  # always-on experts of width d_ff, added unweighted
+    dense_blocks: tuple[int, ...] = ()  # blocks (from 1) with the dense MLP of model.d_ff instead
+    router_std: float = 0.02
 
 
 @dataclass(frozen=True)
@@ -83,6 +100,7 @@ class Spec:
     embedding_scale: float = 1.0  # the summed embedding tables times this entering the stream (Gemma: sqrt(d))
     embedding_dropout: float | None = None  # the embeddings' dropout rate; None: `dropout`
     head_dim: int | None = None  # each head's width when heads * head_dim != d_model (Qwen3, Gemma); None: d / heads
+    moe: Experts | None = None  # mixture-of-experts MLPs; None: dense
     source: str | None = field(default=None, compare=False)
     notes: tuple[str, ...] = field(default=(), compare=False)  # what an import could not model
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
@@ -174,6 +192,11 @@ class Spec:
             "thresholds": dict(self.thresholds),
             "select": list(self.select),
             "ignore": list(self.ignore),
+            **({} if self.moe is None else {"moe": {
+                "experts": self.moe.experts, "top_k": self.moe.top_k, "router": self.moe.router,
+                "normalize": self.moe.normalize, "scale": self.moe.scale, "d_ff": self.moe.d_ff,
+                "shared_experts": self.moe.shared, "dense_blocks": list(self.moe.dense_blocks),
+                "router_std": self.moe.router_std}}),
         }
 
 
@@ -188,6 +211,7 @@ THRESHOLDS = {
     "qk_grad_ratio_min": 1e-4,  # Noci query/key-to-value gradient ratio below this: vanishing Q/K gradient
     "forward_ratio_max": 1e6,  # q_L / q_1 above this or below its inverse: forward variance explodes or dies
     "initial_loss_excess": 1.0,  # expected step-0 loss above ln V by more than this (nats): over-confident logits
+    "router_shrink": 0.25,  # top_k x sum_j w_j^2 of a mixture of experts below this: the router shrinks the branch
 }
 
 THRESHOLD_RANGE = (1e-12, 1e12)
@@ -210,6 +234,8 @@ SCHEMA: dict[str, Any] = {
     "init": {"std": "pos", "qk_beta": "pos?", **{m: _MATRIX for m in MATRICES}, "head": _MATRIX},
     "residual": {"attention": _RES, "mlp": _RES},
     "thresholds": {k: "threshold" for k in THRESHOLDS},
+    "moe": {"experts": "posint", "top_k": "posint", "router": ROUTERS, "normalize": "bool", "scale": "pos",
+            "d_ff": "posint?", "shared_experts": "count", "dense_blocks": "blocks", "router_std": "pos?"},
     "select": "codes",
     "ignore": "codes",
 }
@@ -361,6 +387,15 @@ def _check_value(v: Any, kind: Any, key: str, lines: dict[str, int], fname: str)
             raise bad(f"must be >= 1, got {v}")
         if v > MAX_INT.get(key, 10**9):
             raise bad(f"must be at most {MAX_INT.get(key, 10**9)}, got {str(v)[:20]}")
+    elif kind == "count":
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_INT.get(key, 10**9):
+            raise bad(f"expected a whole number in [0, {MAX_INT.get(key, 10**9)}], got {repr(v)[:40]}")
+    elif kind == "blocks":
+        if not isinstance(v, list) or not all(isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= 100_000
+                                              for b in v):
+            raise bad("expected a list of block numbers (1 = the first block)")
+        if len(set(v)) != len(v):
+            raise bad("a block is listed twice")
     elif kind == "codes":
         bad_code = check_codes(v)
         if bad_code:
@@ -460,6 +495,21 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
     qk_beta = ini.get("qk_beta")
     if qk_beta is not None and ("q" in ini or "k" in ini):
         raise _fail("give either qk_beta or q/k, not both", "init.qk_beta", lines, fname)
+    moe = data.get("moe")
+    if moe is not None:
+        if "experts" not in moe:
+            raise _fail("required key missing", "moe.experts", lines, fname)
+        if moe.get("top_k", 1) > moe["experts"]:
+            raise _fail(f"top_k ({moe['top_k']}) exceeds the {moe['experts']} experts", "moe.top_k", lines, fname)
+        beyond = [b for b in moe.get("dense_blocks", []) if b > m["layers"]]
+        if beyond:
+            raise _fail(f"block {beyond[0]} is beyond the model's {m['layers']} layers", "moe.dense_blocks", lines,
+                        fname)
+        moe = Experts(experts=moe["experts"], top_k=moe.get("top_k", 1), router=moe.get("router", "softmax"),
+                      normalize=moe.get("normalize", True), scale=float(moe.get("scale", 1.0)),
+                      d_ff=moe.get("d_ff") or d_ff, shared=moe.get("shared_experts", 0),
+                      dense_blocks=tuple(sorted(moe.get("dense_blocks", []))),
+                      router_std=float(moe.get("router_std") or default_std))
     ra, rm = data.get("residual", {}).get("attention", {}), data.get("residual", {}).get("mlp", {})
     rho = s.get("input_correlation", "auto")
     spec = Spec(
@@ -485,7 +535,7 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
         final_norm=m.get("final_norm", norm != "none"), tie_embeddings=tied, head_transform=m.get("head_transform", False),
         logit_softcap=None if m.get("logit_softcap") is None else float(m["logit_softcap"]),
         head=None if tied else matrix("head"), qk_norm=m.get("qk_norm", "none"), head_dim=head_dim,
-        norm_eps=float(m.get("norm_eps", 0.0)), embedding_scale=float(m.get("embedding_scale", 1.0)),
+        norm_eps=float(m.get("norm_eps", 0.0)), embedding_scale=float(m.get("embedding_scale", 1.0)), moe=moe,
         source=None if fname == "<spec>" else fname, lines=dict(lines),
     )
     try:

@@ -6,6 +6,7 @@ The one place that reads a spec for the numerical core; everything in initadviso
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -22,9 +23,16 @@ def spec_beta(spec) -> float:
     return sigma_a / math.sqrt(math.log(spec.seq_len))
 
 
-def block_params(spec) -> BlockParams:
-    """One layer's numbers: gains (std^2 x fan-in) for the moment maps, shapes and stds for the networks."""
+def block_params(spec, moe: bool = False) -> BlockParams:
+    """One layer's numbers: gains (std^2 x fan-in) for the moment maps, shapes and stds for the networks;
+    `moe`: a mixture-of-experts layer (spec.moe), its MLP numbers one expert's."""
     gain, init = spec.gain, spec.init
+    if moe:
+        E = spec.moe
+        P = block_params(replace(spec, d_ff=E.d_ff))
+        return replace(P, experts=E.experts, top_k=E.top_k, router=E.router, route_norm=E.normalize,
+                       route_scale=E.scale, shared_experts=E.shared, g_r=E.router_std**2 * spec.d_model,
+                       init={**P.init, "router": (E.router_std, 0.0)})
     sq = init["q"].std
     return BlockParams(
         beta=spec_beta(spec), seq_len=float(spec.seq_len),
@@ -56,13 +64,15 @@ def from_spec(spec, per_layer: dict[str, np.ndarray] | None = None, **fields) ->
     """The spec's stack; `fields` replace BlockParams fields at every layer (arrays allowed), `per_layer`
     gives one value per layer (a recipe's per-layer variances or skips)."""
     P = block_params(spec)
+    base = (P,) * spec.layers
+    if spec.moe is not None:
+        M = block_params(spec, moe=True)
+        base = tuple(P if i + 1 in spec.moe.dense_blocks else M for i in range(spec.layers))
     if per_layer:
-        from dataclasses import replace
-
-        layers = tuple(replace(P, **fields, **{k: float(v[i]) for k, v in per_layer.items()})
+        layers = tuple(replace(base[i], **fields, **{k: float(v[i]) for k, v in per_layer.items()})
                        for i in range(spec.layers))
         return Stack(embeddings(spec), layers)
-    return Stack(embeddings(spec), (P,) * spec.layers).replace(**fields)
+    return Stack(embeddings(spec), base).replace(**fields)
 
 
 def input_correlation(spec) -> float:

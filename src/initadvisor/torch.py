@@ -396,12 +396,13 @@ def apply(model: nn.Module, recommendation: dict) -> list[dict[str, Any]]:
     if not isinstance(patched, dict):
         raise ValueError("not a `recommend` result: no 'patched_spec' mapping")
     std, bias_std, heads = numbers(build_spec(patched, fname="patched_spec"))
-    modules = dict(model.named_modules())
-    before = {n: float(m.weight.detach().float().std()) for n, m in modules.items()
-              if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2}
+    weights = {n: m.weight for n, m in model.named_modules()
+               if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2}
+    weights |= {n: p for n, p in model.named_parameters() if p.dim() == 3}  # stacked experts, by parameter
+    before = {n: float(w.detach().float().std()) for n, w in weights.items()}
     done = init_matrices(model, std, bias_std, RULES, heads)  # the snippet's own function
     return [{"module": n, "role": role, "std_before": before.get(n),
-             "std_after": float(modules[n].weight.detach().float().std())} for n, role in done.items()]
+             "std_after": float(weights[n].detach().float().std())} for n, role in done.items()]
 
 
 def audit(model: nn.Module, config=None, truncation: float | None = None):

@@ -19,7 +19,7 @@ its branches with the same interpreter.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -27,7 +27,7 @@ import numpy as np
 
 from initadvisor.core import attention as att
 from initadvisor.core import causal as cz
-from initadvisor.core import kernels
+from initadvisor.core import kernels, routing
 
 GATED = {"swiglu": "silu", "geglu": "gelu"}  # gated MLP -> the activation of its gate
 EULER_GAMMA = 0.5772156649015329
@@ -80,7 +80,15 @@ class BlockParams:
     d_ff: int = 0
     softmax_scale: float = 1.0
     out_proj: bool = True
-    init: Any = None  # {matrix: (std, bias_std)} for q, k, v, o, ff_in, ff_out
+    init: Any = None  # {matrix: (std, bias_std)} for q, k, v, o, ff_in, ff_out (and router)
+    # a mixture-of-experts MLP (experts > 0; the MLP's numbers are one expert's): routing.weights' router
+    experts: int = 0
+    top_k: int = 1
+    router: str = "softmax"
+    route_norm: bool = True
+    route_scale: float = 1.0
+    shared_experts: int = 0  # always-on experts added unweighted (DeepSeek)
+    g_r: object = 0.0  # router gain, std^2 x d
 
     @property
     def d_head(self) -> int:
@@ -92,7 +100,7 @@ def block(P: BlockParams) -> tuple:
     pre-LN block of GPT-NeoX (h + attn(N h) + mlp(N h)), and the norms inside the branch: sandwich
     (h + N(f(N h)), Gemma 2/3) and reordered (h + N(f(h)), OLMo 2). Centered attention (Algorithm 3) is a flag of
     Attention."""
-    norm, drop, attn, mlp = Norm(P.norm_type, P.norm_eps), Dropout(P.dropout), Attention(P), MLP(P)
+    norm, drop, attn, mlp = Norm(P.norm_type, P.norm_eps), Dropout(P.dropout), Attention(P), (MoE if P.experts else MLP)(P)
     if P.parallel:
         return (Residual(P.skip_a, ((P.block_a, (attn, drop)), (P.block_m, (mlp, drop))), shared=(norm,)),)
     if P.norm in ("pre", "sandwich", "reordered"):
@@ -717,7 +725,14 @@ class MLP:
         return out
 
     def forward(self, u, W, rng):
-        act, w = self.P.activation, W[id(self)]
+        return self.apply(u, W[id(self)])
+
+    def backward(self, dy, W, cache, wgrads):
+        return self.apply_backward(dy, W[id(self)], cache)
+
+    def apply(self, u, w: dict):
+        """The MLP with weights w (`draws`' names)."""
+        act = self.P.activation
         z = _lin(u, w["w_in"], w.get("b_in"))
         if act in GATED:
             zg = _lin(u, w["w_gate"], w.get("b_gate"))
@@ -725,8 +740,8 @@ class MLP:
             return _lin(a, w["w_out"], w.get("b_out")), {"z": z, "zg": zg}
         return _lin(activation(act, z), w["w_out"], w.get("b_out")), {"z": z}
 
-    def backward(self, dy, W, cache, wgrads):
-        act, w = self.P.activation, W[id(self)]
+    def apply_backward(self, dy, w: dict, cache):
+        act = self.P.activation
         da = dy @ w["w_out"].T
         z = cache["z"]
         if act in GATED:
@@ -752,6 +767,114 @@ class MLP:
                "linear": lambda x: x}[GATED.get(self.P.activation, self.P.activation)]
         a = act(m.ff_in(u))
         return m.ff_out(a * m.ff_up(u) if hasattr(m, "ff_up") else a)
+
+
+@dataclass(frozen=True)
+class MoE:
+    """A mixture-of-experts MLP (Mixtral, Qwen3-MoE, DeepSeek-V3): y = sum_{j in top k} w_j f_j(u) + the shared
+    experts' f(u), each f an MLP of P's numbers with its own weights, the weights w from the router's logits R u
+    (routing.weights)."""
+
+    P: BlockParams
+
+    @property
+    def expert(self) -> MLP:
+        return MLP(self.P)
+
+    def _stats(self, q, p):
+        P = self.P
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rho = p / q
+        return routing.statistics(P.experts, P.top_k, P.router, P.route_norm, P.route_scale, P.g_r * q, rho)
+
+    def moments(self, q, p):
+        """routing's q_y = A q_f, p_y = B p_f; a shared expert adds its own (q_f, p_f)."""
+        q2, p2, c = self.expert.moments(q, p)
+        A, B, F, Fx = self._stats(q, p)
+        n = self.P.shared_experts
+        return (A + n) * q2, (B + n) * p2, (c, q2, p2, F, Fx, A, B)
+
+    def moments_backward(self, gq, gp, cache):
+        """The experts' path (A, B times the MLP's backward) plus the router's, g_r q_f gq F (routing)."""
+        c, q2, p2, F, Fx, A, B = cache
+        dq, dp = self.expert.moments_backward(gq, gp, c)
+        n, g_r = self.P.shared_experts, self.P.g_r
+        return (A + n) * dq + g_r * q2 * gq * F, (B + n) * dp + g_r * p2 * gp * Fx
+
+    def causal(self, G, S):
+        """Per position A at q_m; per group pair B at the pair's correlation (s from the pair's mean q)."""
+        C, _ = self.expert.causal(G, S)
+        qg = cz.gmean(G, S.qf)
+        qq = np.sqrt(np.multiply.outer(qg, qg))
+        A = self._stats(S.qf, S.qf)[0]
+        B = self._stats(qq, S.P)[1]
+        n = self.P.shared_experts
+        return cz.State((A + n) * C.qf, (B + n) * C.P), None
+
+    def _members(self) -> list[tuple[str, MLP]]:
+        P = self.P
+        out = [(f"e{j}.", self.expert) for j in range(P.experts)]
+        if P.shared_experts:  # the shared experts as one MLP of their summed width (DeepSeek)
+            out.append(("shared.", MLP(replace(P, d_ff=P.shared_experts * P.d_ff))))
+        return out
+
+    def draws(self):
+        P = self.P
+        out = [("w_router", (P.d_model, P.experts), P.init["router"][0], 0)]
+        return out + [(pre + name, *rest) for pre, mlp in self._members() for name, *rest in mlp.draws()]
+
+    def forward(self, u, W, rng):
+        P, w = self.P, W[id(self)]
+        r = routing.weights(u @ w["w_router"], P.top_k, P.router, P.route_norm, P.route_scale)
+        y, caches, outs = 0.0, [], []
+        for j, (pre, mlp) in enumerate(self._members()):
+            f, c = mlp.apply(u, {k[len(pre):]: v for k, v in w.items() if k.startswith(pre)})
+            y = y + (r[0][..., j:j + 1] * f if j < P.experts else f)
+            caches.append(c)
+            outs.append(f)
+        return y, (r, caches, outs)
+
+    def backward(self, dy, W, cache, wgrads):
+        P, w = self.P, W[id(self)]
+        (wt, a, b, c), caches, outs = cache
+        dx, dw = 0.0, np.empty(wt.shape)
+        for j, ((pre, mlp), cj, f) in enumerate(zip(self._members(), caches, outs)):
+            sub = {k[len(pre):]: v for k, v in w.items() if k.startswith(pre)}
+            if j < P.experts:
+                dw[..., j] = (f * dy).sum(axis=-1)
+                dx = dx + mlp.apply_backward(wt[..., j:j + 1] * dy, sub, cj)
+            else:
+                dx = dx + mlp.apply_backward(dy, sub, cj)
+        return dx + routing.logit_gradient(dw, a, b, c) @ w["w_router"].T
+
+    def torch_build(self, make, d: int):
+        from torch import nn
+
+        P = self.P
+        router = nn.Linear(d, P.experts, bias=False)
+        nn.init.normal_(router.weight, 0.0, P.init["router"][0])
+        mods = {"router": router, "experts": nn.ModuleList(nn.ModuleDict(self.expert.torch_build(make, d))
+                                                            for _ in range(P.experts))}
+        if P.shared_experts:
+            mods["shared"] = nn.ModuleDict(self._members()[-1][1].torch_build(make, d))
+        return mods
+
+    def torch_forward(self, m, u):
+        import torch
+
+        P, logits = self.P, m.router(u)
+        mask = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, logits.topk(P.top_k, dim=-1).indices, True)
+        if P.router == "softmax":
+            w = (logits.masked_fill(~mask, -torch.inf).softmax(-1) if P.route_norm
+                 else logits.softmax(-1) * mask)
+        else:
+            w = torch.sigmoid(logits) * mask
+            w = w / w.sum(-1, keepdim=True) if P.route_norm else w
+        w = P.route_scale * w
+        y = sum(w[..., j:j + 1] * self.expert.torch_forward(e, u) for j, e in enumerate(m.experts))
+        if P.shared_experts:
+            y = y + self._members()[-1][1].torch_forward(m.shared, u)
+        return y
 
 
 def erf(x):

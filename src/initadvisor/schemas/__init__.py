@@ -52,6 +52,9 @@ def _kind(kind: Any, key: str) -> dict[str, Any]:
         "threshold": lambda: _number(*THRESHOLD_RANGE, hi_open=False),
         "codes": lambda: {"type": "array", "items": {"type": "string", "pattern": "^[Ii]([Aa][0-9]*)?$"}},
         "embeddings": lambda: {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"enum": list(EMBEDDINGS)}},
+        "count": lambda: {"type": "integer", "minimum": 0, "maximum": MAX_INT.get(key, 10**9)},
+        "blocks": lambda: {"type": "array", "uniqueItems": True,
+                           "items": {"type": "integer", "minimum": 1, "maximum": 100_000}},
     }
     if kind not in table:
         raise ValueError(f"spec.SCHEMA kind {kind!r} of {key} has no JSON Schema")
