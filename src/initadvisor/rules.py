@@ -10,6 +10,7 @@ read this module. An example is a few overrides of `EXAMPLE_BASE`; `example(over
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -170,6 +171,27 @@ def qk_norm_beta(spec, a) -> list[Finding]:
     return [finding("IA203", f"QK-norm ({spec.qk_norm}): beta = softmax_scale {show(spec.softmax_scale, '.4g')} x "
                              f"sqrt(d_head {spec.d_head}) / sqrt(ln T) = {show(t.beta[w], '.3f')} whatever the Q/K "
                              f"init stds; beta/beta_c up to {show(x[w], '.3f')} (block {w + 1})", w + 1)]
+
+
+WIDTH_BLIND_GAIN = 2.0  # sqrt(g_Q g_K) above this (std^2 d per matrix): a std that ignores the width
+
+
+def width_blind_qk(spec, a) -> list[Finding]:
+    """Q/K stds that do not shrink with the width: the logits' std for unit inputs, s_Q s_K d x scale sqrt(d_head),
+    grows with d, and the attention leaves its uniform phase."""
+    if spec.qk_norm != "none" or spec.qk_beta is not None:  # beta set on purpose (init.qk_beta)
+        return []
+    sq, sk, d = spec.init["q"].std, spec.init["k"].std, spec.d_model
+    gain = sq * sk * d
+    t, (x, w) = a.trace, _beta_ratio(a)
+    if gain <= WIDTH_BLIND_GAIN or x[w] < 0.5:
+        return []
+    unit = spec.softmax_scale * math.sqrt(spec.d_head)  # the logits' std at stds 1/sqrt(d)
+    return [finding("IA204", f"Q/K stds {show(sq, '.3g')} and {show(sk, '.3g')} at d_model {d} (s_Q s_K d = "
+                             f"{show(gain, '.3g')}): the logits' std for unit inputs is {show(gain * unit, '.3g')}, "
+                             f"beta {show(t.beta[w], '.3f')} >= beta_c/2 = {show(t.beta_c[w] / 2, '.3f')} at block "
+                             f"{w + 1}; stds 1/sqrt(d) = {show(d ** -0.5, '.3g')} give {show(unit, '.3g')} "
+                             f"(beta {show(t.beta[w] / gain, '.3f')})", w + 1)]
 
 
 def _gradient_law(a) -> str:
@@ -362,6 +384,22 @@ RULES: dict[str, Rule] = {r.code: r for r in [
         fix="Set beta with model.softmax_scale (or the norm gains), not the Q/K stds; `initadvisor recommend` "
             "gives the critical recipe's scale.",
         fails={"model": {"qk_norm": "head"}}, passes={"model": {"qk_norm": "none"}},
+    ),
+    Rule(
+        code="IA204", name="width-blind-qk-std", severity="warning", title="Width-blind Q/K init std",
+        threshold_key=None, criterion=f"s_Q s_K d > {WIDTH_BLIND_GAIN:g} (stds given, no QK-norm) and beta >= "
+                                      "beta_c/2 at some block",
+        keys=("init.q", "init.k", "init.std", "model.d_model"), check=width_blind_qk,
+        meaning="A fixed Q/K std (0.02 whatever the width) makes each logit a sum over d coordinates: its std for "
+                "unit inputs is s_Q s_K d x softmax_scale sqrt(d_head), which grows linearly with d (0.02 at d 16384: "
+                "6.6). Wide models then start with attention in the crossover or localized phase (entropy collapse, "
+                "IA201/IA202) although the same std is harmless at small width.",
+        formula="sigma_a = s_Q s_K d softmax_scale sqrt(d_head); beta = sigma_a / sqrt(ln T); width-aware: s ~ 1/sqrt(d)",
+        source="Giorlandino & Goldt 2025, sec. 2 (beta's definition); Yang et al. 2022 (muP), Table 3",
+        fix="Scale the Q/K std with the width (1/sqrt(d_model), or muP's 1/d for the logits), or normalise queries "
+            "and keys (model.qk_norm); `initadvisor recommend` gives the critical std.",
+        fails={"init": {"q": {"std": 0.2}, "k": {"std": 0.2}}},  # s^2 d = 2.56 at d 64
+        passes={"init": {"q": {"std": 0.125}, "k": {"std": 0.125}}},  # 1/sqrt(d)
     ),
     Rule(
         code="IA301", name="exploding-gradient", severity="error", title="Exploding gradients towards the input",

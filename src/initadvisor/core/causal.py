@@ -301,7 +301,10 @@ def self_kernel(act: str, q: np.ndarray) -> np.ndarray:
         return _gelu_pair(q, q, q)
     if act == "linear":
         return q.copy()
-    u, inv = np.unique(q, return_inverse=True)  # after a norm every position has the same q
+    # after a norm every position has the same q up to eps / q: one series per q to 1 part in 1e6
+    key = np.round(np.log(np.maximum(q, 1e-300)).ravel() * 1e6)
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    u = q.ravel()[first]
     return _series_coeffs(kernels.PHI["silu" if act == "swiglu" else act][0], u)[1][inv.reshape(q.shape)]
 
 
