@@ -118,6 +118,8 @@ def valid_spec(r, max_layers: int = 2000, small: bool = False) -> dict:
     opt(model, "logit_softcap", lambda: None if r.coin(0.2) else real(r, 1e-8, 999999.0, (1.0, 50.0)), 0.2)
     opt(model, "norm_eps", lambda: real(r, 0.0, 0.999, (1e-12, 1e-5)), 0.3)
     opt(model, "embedding_scale", lambda: real(r, 1e-8, 999999.0, (1.0, 64.0)), 0.2)
+    if model.get("norm") in ("pre", "sandwich"):
+        opt(model, "layernorm_scaling", lambda: r.coin(), 0.2)
     if model.get("out_proj", True):  # heads * head_dim != d_model needs the output projection
         opt(model, "head_dim", lambda: max(1, int(r.real(1, 64 if small else 4096, log=True))), 0.2)
     seq: dict = {}
@@ -160,6 +162,7 @@ def valid_spec(r, max_layers: int = 2000, small: bool = False) -> dict:
         if r.coin(0.4):
             skip, block = real(r, 0, 999999.0, (0.0, 3.0)), real(r, 0, 999999.0, (0.0, 3.0))
             res[branch] = {"skip": skip, "block": block or 1.0}
+    opt(res, "depth_alpha", lambda: r.choice([0.5, 1.0, real(r, 0.0, 4.0)]), 0.2)
     if res:
         data["residual"] = res
     if r.coin(0.2):

@@ -55,6 +55,7 @@ OPERATIONS = {
     "norm-rmsnorm": lambda: Norm("rmsnorm"),
     "norm-layernorm-eps": lambda: Norm("layernorm", 0.8),  # an input as small as eps: q / (q + eps)
     "norm-rmsnorm-eps": lambda: Norm("rmsnorm", 1.5),
+    "norm-layernorm-gain": lambda: Norm("layernorm", 0.3, 0.5),  # LayerNorm-Scaling's 1 / sqrt(4)
     "dropout": lambda: Dropout(0.2),
     "attention": lambda: _attention(init={"v": {"std": 0.1, "bias_std": 0.05}}),
     "attention-causal": lambda: _attention(model={"causal": True}, init={"v": {"std": 0.12}}),

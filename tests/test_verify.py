@@ -7,7 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from initadvisor.spec import parse_spec
+import initadvisor
+from initadvisor.spec import build_spec, parse_spec
 
 from conftest import ROOT
 
@@ -225,3 +226,24 @@ def test_apply_does_not_execute_code_from_the_json(tmp_path):
     with pytest.raises(ValueError, match="patched_spec"):
         apply(_hf_model(cfg, 0), {"init_weights": payload})
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("extra", [{"model": {"layernorm_scaling": True}}, {"residual": {"depth_alpha": 1.0}}],
+                         ids=["layernorm-scaling", "depth-alpha"])
+def test_depth_scalings_match_the_numpy_network(extra):
+    """LayerNorm-Scaling (block l's branch-input norms times 1/sqrt(l)) and the depth-muP / CompleteP branch
+    multiplier layers^-alpha: check's q and rho against the numpy Monte-Carlo of the same network at every layer
+    (12 seeds x 2 sequences). The gradient at the embeddings (layer 0) is a known gap of pre-LN stacks here."""
+    from initadvisor.stack import from_spec
+
+    data = {"model": {"layers": 12, "d_model": 128, "heads": 4, "norm": "pre", "activation": "gelu",
+                      **extra.get("model", {})},
+            "sequence": {"length": 32, "vocab": 500}, "init": {"std": 0.08}, "residual": extra.get("residual", {})}
+    spec = build_spec(data)
+    layers = from_spec(spec).layers  # the adapter's per-layer numbers, transcribed
+    if spec.layernorm_scaling:
+        assert [P.norm_gain for P in layers] == pytest.approx([(i + 1) ** -0.5 for i in range(12)])
+    else:
+        assert all(P.block_a == P.block_m == pytest.approx(1 / 12) for P in layers)
+    rep = initadvisor.verify(spec, seeds=12, batch=2).data
+    assert not set(rep["failed"]) & {"q", "rho"}, rep["reason"]  # ignoring the gain fails q by up to 12x

@@ -107,10 +107,16 @@ def residual_instructions(spec) -> list[str]:
     qk = [f"QK-norm: attention logits = {spec.softmax_scale:.6g} * sum over the d_model / heads = {spec.d_head} "
           "coordinates of q_i k_i (softmax_scale: the Q/K stds do not set beta under a QK-norm)"
           ] if spec.qk_norm != "none" else []
-    if (a.skip, a.block, m.skip, m.block) == (1.0, 1.0, 1.0, 1.0):
-        return ["residual scales are the standard ones (skip 1, block 1): nothing to change in forward()", *qk]
-    out = [f"attention sub-block: x = {a.skip:.6g} * x + {a.block:.6g} * attn(...)",
-           f"MLP sub-block:       x = {m.skip:.6g} * x + {m.block:.6g} * mlp(...)", *qk]
+    depth = spec.layers ** -spec.depth_alpha  # depth-muP / CompleteP branch multiplier
+    lns = ["LayerNorm-Scaling: the norm before each branch of block l (from 1) times 1 / sqrt(l)"
+           ] if spec.layernorm_scaling else []
+    if (a.skip, a.block * depth, m.skip, m.block * depth) == (1.0, 1.0, 1.0, 1.0):
+        return ["residual scales are the standard ones (skip 1, block 1): nothing to change in forward()", *qk,
+                *lns]
+    out = [f"attention sub-block: x = {a.skip:.6g} * x + {a.block * depth:.6g} * attn(...)",
+           f"MLP sub-block:       x = {m.skip:.6g} * x + {m.block * depth:.6g} * mlp(...)", *qk, *lns]
+    if spec.depth_alpha:
+        out.append(f"block multipliers include layers^-depth_alpha = {spec.layers}^-{spec.depth_alpha:g} = {depth:.6g}")
     if spec.norm == "post":
         out.append("post-LN: the LayerNorm after each sum removes a common factor, so skip s and block b act "
                    "like skip 1 and block b/s: dividing the output-projection (o, ff_out) stds by s gives the "

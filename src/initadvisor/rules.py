@@ -141,6 +141,24 @@ def router_shrink(spec, a) -> list[Finding]:
                     r["block"])]
 
 
+def double_depth_scaling(spec, a) -> list[Finding]:
+    """Output projections depth-scaled against the input projections (GPT-2's 1/sqrt(2N)) and branch multipliers
+    that shrink with depth (block, depth_alpha) together; both at most L^-1/4 (1/sqrt(2N) and L^-1/2 pass it from
+    L = 4 on)."""
+    L = spec.layers
+    mult = max(spec.res_attention.block, spec.res_mlp.block) * L ** -spec.depth_alpha
+    init = spec.init
+    ratio = max(init["o"].std / init["v"].std, init["ff_out"].std / init["ff_in"].std)
+    if L < 4 or mult > L ** -0.25 or ratio > L ** -0.25:
+        return []
+    grown = (f", and over {L} blocks the branches add {show(a.trace.q[-1] / a.trace.q[0] - 1, '.3g')} x the "
+             "stream's entering second moment") if spec.norm == "pre" else ""
+    return [finding("IA106", f"depth scaling applied twice: output projections at {show(ratio, '.3g')} x the input "
+                             f"projections' std (1/sqrt(2N) = {show((2 * L) ** -0.5, '.3g')}) and branch multipliers "
+                             f"{show(mult, '.3g')} (residual block x layers^-depth_alpha): each branch's second "
+                             f"moment is scaled by {show((ratio * mult) ** 2, '.3g')}{grown}")]
+
+
 def _beta_ratio(a):
     x = a.trace.beta / a.trace.beta_c
     return x, int(x.argmax())
@@ -350,6 +368,24 @@ RULES: dict[str, Rule] = {r.code: r for r in [
         fix="Renormalise the top-k weights (moe.normalize: true; HF norm_topk_prob: true) or scale them (moe.scale, "
             "DeepSeek's routed_scaling_factor).",
         fails={"moe": {"experts": 32, "top_k": 4, "normalize": False}}, passes={"moe": {"experts": 32, "top_k": 4}},
+    ),
+    Rule(
+        code="IA106", name="double-depth-scaling", severity="warning", title="Depth scaling applied twice",
+        threshold_key=None, criterion="output-projection std ratio <= L^-1/4 and branch multiplier <= L^-1/4, L >= 4",
+        keys=("residual.depth_alpha", "residual", "init.o", "init.ff_out"), check=double_depth_scaling,
+        meaning="Two depth corrections for the same thing: an output-projection init shrunk with depth (GPT-2's "
+                "1/sqrt(2N), Megatron's 1/sqrt(2L)) and a branch multiplier that shrinks with depth (depth-muP's "
+                "1/sqrt(L), CompleteP's 1/L, or a residual block scale). Each alone keeps the stream's growth O(1) over "
+                "depth; together the branches add a vanishing share: the blocks start as near-identities and their "
+                "gradients are scaled down with them.",
+        formula="branch second moment x (std_out / std_in)^2 x (block L^-alpha)^2, e.g. 1/(2L) x 1/L^2",
+        source="Radford et al. 2019 (GPT-2), sec. 2.3; Bordelon et al. 2024 / Yang et al. 2024 (depth-muP); Dey et "
+               "al. 2025 (CompleteP)",
+        fix="Keep one of them: the 1/sqrt(2N) output-projection init or the depth multiplier (residual.depth_alpha), "
+            "not both.",
+        fails={"model": {"layers": 16, "norm": "pre"}, "init": {"o": {"std": 0.0035}, "ff_out": {"std": 0.0035}},
+               "residual": {"depth_alpha": 1.0}},
+        passes={"model": {"layers": 16, "norm": "pre"}, "init": {"o": {"std": 0.0035}, "ff_out": {"std": 0.0035}}},
     ),
     Rule(
         code="IA201", name="entropy-collapse", severity="error", title="Entropy collapse",

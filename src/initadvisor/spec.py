@@ -101,6 +101,8 @@ class Spec:
     embedding_dropout: float | None = None  # the embeddings' dropout rate; None: `dropout`
     head_dim: int | None = None  # each head's width when heads * head_dim != d_model (Qwen3, Gemma); None: d / heads
     moe: Experts | None = None  # mixture-of-experts MLPs; None: dense
+    depth_alpha: float = 0.0  # every branch times layers^-depth_alpha (depth-muP 1/2, CompleteP 1)
+    layernorm_scaling: bool = False  # the norm before each branch of block l times 1 / sqrt(l) (Sun et al. 2025)
     source: str | None = field(default=None, compare=False)
     notes: tuple[str, ...] = field(default=(), compare=False)  # what an import could not model
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
@@ -175,6 +177,7 @@ class Spec:
                 "tie_embeddings": self.tie_embeddings, "head_transform": self.head_transform,
                 "logit_softcap": self.logit_softcap, "qk_norm": self.qk_norm, "norm_eps": self.norm_eps,
                 "embedding_scale": self.embedding_scale, "head_dim": self.head_dim,
+                "layernorm_scaling": self.layernorm_scaling,
             },
             "sequence": {
                 "length": self.seq_len, "vocab": self.vocab,
@@ -188,6 +191,7 @@ class Spec:
             "residual": {
                 "attention": {"skip": self.res_attention.skip, "block": self.res_attention.block},
                 "mlp": {"skip": self.res_mlp.skip, "block": self.res_mlp.block},
+                "depth_alpha": self.depth_alpha,
             },
             "thresholds": dict(self.thresholds),
             "select": list(self.select),
@@ -226,13 +230,14 @@ SCHEMA: dict[str, Any] = {
         "activation": ACTIVATIONS, "softmax_scale": "pos?", "embedding_norm": "bool?", "parallel_residual": "bool",
         "final_norm": "bool", "tie_embeddings": "bool", "head_transform": "bool", "logit_softcap": "pos?",
         "qk_norm": QK_NORMS, "norm_eps": "eps", "embedding_scale": "pos", "head_dim": "posint?",
+        "layernorm_scaling": "bool",
     },
     "sequence": {"length": "posint", "vocab": "posint", "input_correlation": "corr", "embeddings": "embeddings"},
     "dropout": "prob",
     "embedding_dropout": "prob?",
     "attention_dropout": "prob",
     "init": {"std": "pos", "qk_beta": "pos?", **{m: _MATRIX for m in MATRICES}, "head": _MATRIX},
-    "residual": {"attention": _RES, "mlp": _RES},
+    "residual": {"attention": _RES, "mlp": _RES, "depth_alpha": "alpha"},
     "thresholds": {k: "threshold" for k in THRESHOLDS},
     "moe": {"experts": "posint", "top_k": "posint", "router": ROUTERS, "normalize": "bool", "scale": "pos",
             "d_ff": "posint?", "shared_experts": "count", "dense_blocks": "blocks", "router_std": "pos?"},
@@ -426,6 +431,8 @@ def _check_value(v: Any, kind: Any, key: str, lines: dict[str, int], fname: str)
             raise bad(f"must be a probability in [0, 1), got {v}")
         if kind == "eps" and not 0 <= v < 1:
             raise bad(f"must be a number in [0, 1), got {v}")
+        if kind == "alpha" and not 0 <= v <= 4:
+            raise bad(f"must be a number in [0, 4], got {v}")
 
 
 def check_codes(v: Any) -> str | None:
@@ -536,6 +543,8 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
         logit_softcap=None if m.get("logit_softcap") is None else float(m["logit_softcap"]),
         head=None if tied else matrix("head"), qk_norm=m.get("qk_norm", "none"), head_dim=head_dim,
         norm_eps=float(m.get("norm_eps", 0.0)), embedding_scale=float(m.get("embedding_scale", 1.0)), moe=moe,
+        depth_alpha=float(data.get("residual", {}).get("depth_alpha", 0.0)),
+        layernorm_scaling=m.get("layernorm_scaling", False),
         source=None if fname == "<spec>" else fname, lines=dict(lines),
     )
     try:
@@ -570,6 +579,9 @@ def _check_consistency(spec: Spec) -> None:
         raise SpecError("gated MLP needs d_ff", key="model.d_ff")
     if spec.parallel_residual and spec.norm != "pre":
         raise SpecError("parallel_residual needs norm: pre", key="model.parallel_residual")
+    if spec.layernorm_scaling and spec.norm not in ("pre", "sandwich"):
+        raise SpecError("scales the norm before each branch: needs norm: pre or sandwich",
+                        key="model.layernorm_scaling")
     if spec.res_attention.skip == 0 and spec.res_attention.block == 0:
         raise SpecError("skip and block cannot both be 0", key="residual.attention")
     if spec.res_mlp.skip == 0 and spec.res_mlp.block == 0:

@@ -43,8 +43,8 @@ def block_params(spec, moe: bool = False) -> BlockParams:
         b_12=init["ff_in"].bias_std ** 2, b_22=init["ff_out"].bias_std ** 2,
         q_bias=init["q"].bias_std ** 2 / (sq**2 * spec.d_model), g_q=gain("q"), g_k=gain("k"),
         activation=spec.activation, dropout=spec.dropout, attn_dropout=spec.attention_dropout,
-        skip_a=spec.res_attention.skip, block_a=spec.res_attention.block,
-        skip_m=spec.res_mlp.skip, block_m=spec.res_mlp.block,
+        skip_a=spec.res_attention.skip, block_a=spec.res_attention.block * spec.layers ** -spec.depth_alpha,
+        skip_m=spec.res_mlp.skip, block_m=spec.res_mlp.block * spec.layers ** -spec.depth_alpha,
         qk_norm=spec.qk_norm, norm_eps=spec.norm_eps, norm=spec.norm, centered=spec.attention == "centered", parallel=spec.parallel_residual,
         causal=spec.causal, norm_type=spec.norm_type, d_model=spec.d_model, heads=spec.heads, head_dim=spec.d_head,
         kv_heads=spec.kv_heads, d_ff=spec.d_ff, softmax_scale=spec.softmax_scale, out_proj=spec.out_proj,
@@ -68,6 +68,8 @@ def from_spec(spec, per_layer: dict[str, np.ndarray] | None = None, **fields) ->
     if spec.moe is not None:
         M = block_params(spec, moe=True)
         base = tuple(P if i + 1 in spec.moe.dense_blocks else M for i in range(spec.layers))
+    if spec.layernorm_scaling:  # block l's branch-input norms times 1 / sqrt(l)
+        base = tuple(replace(B, norm_gain=(i + 1) ** -0.5) for i, B in enumerate(base))
     if per_layer:
         layers = tuple(replace(base[i], **fields, **{k: float(v[i]) for k, v in per_layer.items()})
                        for i in range(spec.layers))

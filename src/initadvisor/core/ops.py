@@ -66,6 +66,7 @@ class BlockParams:
     skip_m: object = 1.0
     block_m: object = 1.0
     norm_eps: float = 0.0  # every norm's epsilon
+    norm_gain: object = 1.0  # the gain of the norms before the branches (LayerNorm-Scaling: 1 / sqrt(layer))
     norm: str = "post"  # post | pre | sandwich (norm before and after each branch) | reordered (after only) | none
     qk_norm: str = "none"  # none | head | all: queries and keys normalised (norm_type, unit gain) before the scores
     centered: bool = False
@@ -101,10 +102,11 @@ def block(P: BlockParams) -> tuple:
     (h + N(f(N h)), Gemma 2/3) and reordered (h + N(f(h)), OLMo 2). Centered attention (Algorithm 3) is a flag of
     Attention."""
     norm, drop, attn, mlp = Norm(P.norm_type, P.norm_eps), Dropout(P.dropout), Attention(P), (MoE if P.experts else MLP)(P)
+    entry = Norm(P.norm_type, P.norm_eps, P.norm_gain) if P.norm_gain != 1.0 else norm  # the norm before a branch
     if P.parallel:
-        return (Residual(P.skip_a, ((P.block_a, (attn, drop)), (P.block_m, (mlp, drop))), shared=(norm,)),)
+        return (Residual(P.skip_a, ((P.block_a, (attn, drop)), (P.block_m, (mlp, drop))), shared=(entry,)),)
     if P.norm in ("pre", "sandwich", "reordered"):
-        before = () if P.norm == "reordered" else (norm,)
+        before = () if P.norm == "reordered" else (entry,)
         after = () if P.norm == "pre" else (norm,)
         return (Residual(P.skip_a, ((P.block_a, (*before, attn, *after, drop)),)),
                 Residual(P.skip_m, ((P.block_m, (*before, mlp, *after, drop)),)))
@@ -237,26 +239,29 @@ def _torch_linear(d_in: int, d_out: int, std: float, bias_std: float):
 
 @dataclass(frozen=True)
 class Norm:
-    """LayerNorm or RMSNorm without affine parameters (their init: gain 1, bias 0), x / sqrt(mean x^2 + eps)."""
+    """LayerNorm or RMSNorm, g x / sqrt(mean x^2 + eps) (centred for LayerNorm): the affine parameters at their init
+    (weight 1, bias 0), or a fixed gain g (LayerNorm-Scaling's 1 / sqrt(layer))."""
 
     kind: str = "layernorm"  # layernorm | rmsnorm
     eps: float = 0.0
+    gain: object = 1.0
 
     def moments(self, q, p):
-        """q <- q / (q + eps), p <- p / (q + eps) (001 sec. 4 'LayerNorm'; 004 A.6): the mean square over d
+        """q <- g^2 q / (q + eps), p <- g^2 p / (q + eps) (001 sec. 4 'LayerNorm'; 004 A.6): the mean square over d
         coordinates concentrates at q, so eps matters where a branch's output is as small as eps (OLMo 2 at init)."""
-        r = q + self.eps
+        r = (q + self.eps) / self.gain**2
         return q / r, p / r, r
 
     def moments_backward(self, gq, gp, r):
-        """Divides by the input's q + eps (004 A.6, Xu et al. eq. 17 at large d)."""
+        """Divides by the input's (q + eps) / g^2 (004 A.6, Xu et al. eq. 17 at large d)."""
         return gq / r, gp / r
 
     def causal(self, G, S):
-        """Per position: C[m, n] / sqrt((q_m + eps) (q_n + eps))."""
+        """Per position: g^2 C[m, n] / sqrt((q_m + eps) (q_n + eps))."""
+        g2 = float(self.gain) ** 2
         r = S.qf + self.eps
         w = cz.gmean(G, 1.0 / np.sqrt(r))
-        return cz.State(S.qf / r, S.P * np.multiply.outer(w, w)), None
+        return cz.State(g2 * S.qf / r, g2 * S.P * np.multiply.outer(w, w)), None
 
     def draws(self):
         return ()
@@ -269,10 +274,11 @@ class Norm:
             y = x.copy()
             r = 1.0 / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps)
         y *= r
-        return y, (y, r)
+        return y * self.gain if self.gain != 1.0 else y, (y, r)
 
     def backward(self, dy, W, cache, wgrads):
         y, r = cache
+        dy = dy * self.gain if self.gain != 1.0 else dy
         dx = dy - y * (dy * y).mean(-1, keepdims=True)
         if self.kind == "layernorm":
             dx -= dy.mean(-1, keepdims=True)
@@ -286,7 +292,7 @@ class Norm:
         return {"norm": kind(d, eps=self.eps, elementwise_affine=False)}
 
     def torch_forward(self, m, x):
-        return m.norm(x)
+        return m.norm(x) * self.gain if self.gain != 1.0 else m.norm(x)
 
 
 @dataclass(frozen=True)

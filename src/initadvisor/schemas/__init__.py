@@ -48,6 +48,7 @@ def _kind(kind: Any, key: str) -> dict[str, Any]:
         "nonneg": lambda: _number(0, 1e6),
         "prob": lambda: _number(0, 1),
         "eps": lambda: _number(0, 1),
+        "alpha": lambda: _number(0, 4, hi_open=False),
         "corr": lambda: {"anyOf": [{"const": "auto"}, _number(0, 1)]},
         "threshold": lambda: _number(*THRESHOLD_RANGE, hi_open=False),
         "codes": lambda: {"type": "array", "items": {"type": "string", "pattern": "^[Ii]([Aa][0-9]*)?$"}},
