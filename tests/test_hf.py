@@ -185,8 +185,9 @@ def test_mapping_field_by_field(family: str) -> None:
         assert spec.init[m].bias_std == 0.0, m
     assert spec.name == family  # no _name_or_path in these files
     assert spec.source == str(cfg_path(family))
-    # every field is either used or listed once as ignored
-    assert ignored_fields(notes) == set(raw(family)) - exp["used"]
+    # every field is either used or listed once as ignored (rotary families: the rotary embedding's parameters)
+    rotary = {"rope_parameters"} if family in ("gpt_neox", *LLAMA_LIKE, *GEMMA, "falcon") else set()
+    assert ignored_fields(notes) == set(raw(family)) - exp["used"] - rotary
 
 
 def test_mixture_of_experts_mapping() -> None:
@@ -236,12 +237,15 @@ def test_mixture_of_experts_variants(tmp_path: Path) -> None:
 def test_family_notes() -> None:
     notes = {f: import_config(cfg_path(f))[1] for f in FAMILIES}
     joined = {f: "\n".join(n) for f, n in notes.items()}
-    for f in ("gpt_neox", *LLAMA_LIKE):
-        assert "rotary position embedding" in joined[f] and "not modelled" in joined[f]
-        assert "rope_parameters" in ignored_fields(notes[f])
-    assert "0.25" in joined["gpt_neox"]  # partial rotary
-    for f in ("bert", "gpt2"):
-        assert "rotary" not in joined[f]
+    for f in ("gpt_neox", *LLAMA_LIKE, *GEMMA, "falcon"):  # the rotary embedding's base and share, read
+        spec, rp = import_config(cfg_path(f))[0], raw(f)["rope_parameters"]
+        rp = rp.get("sliding_attention", rp)  # Gemma 3: a base per layer type, the sliding layers' taken
+        assert (spec.rope_theta, spec.rotary_fraction) == (rp["rope_theta"], rp.get("partial_rotary_factor", 1.0))
+        assert "rope_parameters" not in ignored_fields(notes[f])
+    assert import_config(cfg_path("gpt_neox"))[0].rotary_fraction == 0.25  # partial rotary
+    assert "rope_theta per layer type" in joined["gemma3_text"]
+    for f in ("bert", "gpt2", "opt"):
+        assert "rotary" not in joined[f] and import_config(cfg_path(f))[0].rope_theta is None
     gpt2 = import_config(cfg_path("gpt2"))[0]  # embd_pdrop 0.05 and resid_pdrop 0.1: both rates kept
     assert (gpt2.embedding_dropout, gpt2.dropout) == (raw("gpt2")["embd_pdrop"], raw("gpt2")["resid_pdrop"])
     assert "embedding_size 32 != hidden_size 64" in joined["electra"]

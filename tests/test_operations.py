@@ -64,6 +64,10 @@ OPERATIONS = {
     "attention-centered": lambda: _attention(model={"attention": "centered"}, init={"v": {"bias_std": 0.05}}),
     "attention-no-out-proj": lambda: _attention(model={"out_proj": False}),
     "attention-dropout": lambda: _attention(attention_dropout=0.25),
+    # rotary: the keys' common component turned by position (kappa p); T 24 rows, half the coordinates turned
+    "attention-rotary": lambda: _attention(model={"rope_theta": 100.0, "rotary_fraction": 0.5, "causal": True}),
+    "attention-rotary-qk-norm": lambda: _attention(model={"rope_theta": 10.0, "qk_norm": "head",
+                                                          "norm_type": "rmsnorm", "softmax_scale": 0.1}),
     "attention-head-dim": lambda: _attention(model={"head_dim": 40, "kv_heads": 2}),  # 4 x 40 != d 96 (Qwen3)
     # QK-norm: unit-variance queries and keys whatever the Q/K stds (0.01 here): the softmax scale sets beta
     "attention-qk-norm-head": lambda: _attention(model={"qk_norm": "head", "norm_type": "rmsnorm", "kv_heads": 2,
@@ -141,16 +145,18 @@ def test_moment_map_matches_numpy_monte_carlo(name):
     _close(_numpy_moments(op, _numpy), _expected(op))
 
 
-@pytest.mark.parametrize("qk_norm, heads, std, scale", [
-    ("none", 4, 0.02, None), ("none", 4, 0.05, 0.3), ("head", 2, 0.01, 0.25), ("head", 1, 0.3, None),
-    ("all", 4, 0.05, 0.5)])
-def test_logit_variance_over_keys_is_the_rem_s(qk_norm, heads, std, scale):
+@pytest.mark.parametrize("qk_norm, heads, std, scale, rope", [
+    ("none", 4, 0.02, None, None), ("none", 4, 0.05, 0.3, None), ("head", 2, 0.01, 0.25, None),
+    ("head", 1, 0.3, None, None), ("all", 4, 0.05, 0.5, None),
+    ("none", 4, 0.05, 0.3, 10.0), ("none", 2, 0.05, 0.3, 1000.0), ("head", 2, 0.01, 0.25, 10.0)])
+def test_logit_variance_over_keys_is_the_rem_s(qk_norm, heads, std, scale, rope):
     """The engine's beta / beta_c sets the key-dependent variance of one row's logits, V = 2 (beta/beta_c)^2 ln T
     (001 Result 1); under a QK-norm it is the softmax scale's whatever the Q/K stds. Measured on the numpy network's
     own queries and keys (rows' sample variance over keys, averaged): within 3%, plus 2 / n under a QK-norm over
     n coordinates: at this width the norm's division adds about 2 / n (d 96: 4% at n = d_head 48, 9% at 24), a
     finite-size effect the engine leaves out (2% or less at the d_head >= 64 of real models)."""
-    model = {"qk_norm": qk_norm, "heads": heads, **({} if scale is None else {"softmax_scale": scale})}
+    model = {"qk_norm": qk_norm, "heads": heads, **({} if scale is None else {"softmax_scale": scale}),
+             **({} if rope is None else {"rope_theta": rope})}
     op = _attention(model=model, init={"q": {"std": std}, "k": {"std": std}})
     cache = op.moments(INPUTS["q"], INPUTS["p"])[2]
     expected = 2 * (op.P.beta / cache.beta_c) ** 2 * np.log(T)

@@ -77,6 +77,14 @@ def _config(family: str):
     if family == "falcon":  # Falcon-7B's block: parallel attention and MLP on one LayerNorm, multi-query, GeLU
         return t.FalconConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
                               max_position_embeddings=T, bos_token_id=0, eos_token_id=0)
+    if family == "falcon_40b":  # Falcon-40B's block: num_kv_heads groups, two input norms, dropout on
+        return t.FalconConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
+                              max_position_embeddings=T, new_decoder_architecture=True, num_kv_heads=2,
+                              hidden_dropout=0.1, bos_token_id=0, eos_token_id=0)
+    if family == "opt_post_ln":  # OPT-350m's post-LN block (do_layer_norm_before: false), no embedding norm
+        return t.OPTConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
+                           ffn_dim=4 * D, max_position_embeddings=T, word_embed_proj_dim=D, do_layer_norm_before=False,
+                           bos_token_id=0, eos_token_id=0, pad_token_id=1)
     if family == "opt":  # pre-LN, ReLU, learned positions, dropout 0.1 on both branches (none on the embeddings)
         return t.OPTConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
                            ffn_dim=4 * D, max_position_embeddings=T, word_embed_proj_dim=D, bos_token_id=0,
@@ -90,7 +98,7 @@ def _config(family: str):
 
 
 FAMILIES = ("bert", "gpt2", "gpt_neox", "llama", "qwen3", "olmo2", "phi3", "gemma2", "gemma3_text", "mixtral",
-            "qwen3_moe", "opt", "falcon")
+            "qwen3_moe", "opt", "opt_post_ln", "falcon", "falcon_40b")
 _CACHE: dict[str, dict] = {}
 
 
@@ -295,16 +303,18 @@ def test_gemma_sandwich_norms_rho(result, family):
         assert rho_abs_err(r, late=True).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r, late=True)) + "\n" + _table(r)
 
 
-def test_opt_pre_ln(result):
-    """Learned positions, ReLU, dropout on both branches but not on the embeddings."""
-    r = result("opt")
+@pytest.mark.parametrize("family", ["opt", "opt_post_ln"])
+def test_opt(result, family):
+    """Learned positions, ReLU, dropout on both branches but not on the embeddings; pre- and post-LN."""
+    r = result(family)
     assert q_rel_err(r).max() <= Q_REL, _fmt(q_rel_err(r)) + "\n" + _table(r)
     assert rho_abs_err(r).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r)) + "\n" + _table(r)
     assert rho_abs_err(r, late=True).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r, late=True)) + "\n" + _table(r)
 
 
-def test_falcon_parallel_multi_query(result):
-    r = result("falcon")
+@pytest.mark.parametrize("family", ["falcon", "falcon_40b"])
+def test_falcon_parallel_multi_query(result, family):
+    r = result(family)
     assert q_rel_err(r).max() <= Q_REL, _fmt(q_rel_err(r)) + "\n" + _table(r)
     assert rho_abs_err(r).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r)) + "\n" + _table(r)
     assert rho_abs_err(r, late=True).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r, late=True)) + "\n" + _table(r)

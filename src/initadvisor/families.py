@@ -211,21 +211,39 @@ def _dropouts(cfg: _Config, resid: str, emb: str, default: float) -> dict[str, f
     return {"dropout": r, **({"embedding_dropout": e} if e != r else {})}
 
 
-def _rotary_note(cfg: _Config, notes: list[str], partial_key: str | None = None) -> None:
+def _rotary(cfg: _Config, notes: list[str], partial_key: str | None = None) -> dict[str, float]:
+    """The spec's rope_theta and rotary_fraction: rope_parameters (transformers 5), else rope_theta /
+    rotary_emb_base and partial_rotary_factor (or the family's `partial_key`); Gemma 3's per-layer-type bases:
+    the sliding layers' (most of them); RoPE scaling is a note."""
     rp = cfg.raw.get("rope_parameters")
     rp = rp if isinstance(rp, dict) else {}
     rs = cfg.raw.get("rope_scaling")
     rs = rs if isinstance(rs, dict) else {}
+    cfg.used.update(k for k in ("rope_parameters", "rope_theta", "rotary_emb_base", "partial_rotary_factor",
+                                "rope_scaling", partial_key) if k and k in cfg.raw)
+    per_type = {k: v for k, v in rp.items() if isinstance(v, dict)}
+    if per_type:
+        kind = "sliding_attention" if "sliding_attention" in per_type else sorted(per_type)[0]
+        others = ", ".join(f"{k} {v.get('rope_theta')}" for k, v in sorted(per_type.items()) if k != kind)
+        rp = per_type[kind]
+        notes.append(f"rope_theta per layer type: the spec takes the {kind} layers' {rp.get('rope_theta')} for "
+                     f"every layer (not modelled: {others})")
+    theta = rp.get("rope_theta", cfg.raw.get("rope_theta", cfg.raw.get("rotary_emb_base", 10000.0)))
     frac = rp.get("partial_rotary_factor", cfg.raw.get("partial_rotary_factor"))
     if partial_key and cfg.raw.get(partial_key) is not None:
         frac = cfg.raw[partial_key]
-    where = "" if frac in (None, 1, 1.0) else f" (on a fraction {frac} of each head's dimensions)"
-    notes.append(f"rotary position embedding{where} is not modelled: the spec has token embeddings only, so "
-                 "attention logits at initialisation carry no position information")
+    frac = 1.0 if frac is None else frac
+    for key, v, ok in (("rope_theta", theta, lambda x: 1e-8 <= x < 1e12),
+                       ("partial_rotary_factor", frac, lambda x: 0 < x <= 1)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
+            where = next(k for k in (partial_key, "rope_parameters", "rope_theta", "rotary_emb_base",
+                                     "partial_rotary_factor", key) if k and k in cfg.raw or k == key)
+            raise cfg.error(f"unsupported rotary {key} {str(v)[:40]}", where)
     rtype = rp.get("rope_type") or rs.get("rope_type") or rs.get("type")
     if rtype not in (None, "default"):
         notes.append(f"rope_type {rtype!r}: RoPE scaling (and any attention_factor it applies to the logits) "
                      "is not modelled")
+    return {"rope_theta": float(theta), "rotary_fraction": float(frac)}
 
 
 def _decoder(layers: int, d: int, heads: int, kv: int, d_ff: int, act: str, norm_type: str, parallel: bool,
@@ -284,14 +302,14 @@ def _gpt_neox(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     parallel = g("use_parallel_residual", "bool", True, spec_key="model.parallel_residual")
     length = _seq(cfg, "max_position_embeddings")
     vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
-    _rotary_note(cfg, notes, "rotary_pct")
+    rope = _rotary(cfg, notes, "rotary_pct")
     std = _init_std(cfg, notes)
     drop = g("hidden_dropout", "prob", 0.0, spec_key="dropout")  # embedding dropout uses the same rate
     attn_drop = g(fam.attn_dropout_key, "prob", 0.0, spec_key="attention_dropout")
     head = _head(cfg, False, True, False)  # final_layer_norm, then embed_out
     return {
         "model": {**_decoder(layers, d, heads, heads, d_ff, act, "layernorm", parallel, None, head),
-                  "norm_eps": _eps(cfg, "layer_norm_eps", 1e-5)},
+                  "norm_eps": _eps(cfg, "layer_norm_eps", 1e-5), **rope},
         "sequence": {"length": length, "vocab": vocab, "embeddings": ["token"]},
         "dropout": drop, "attention_dropout": attn_drop,
         "init": _init(std, head["tie_embeddings"]),
@@ -326,10 +344,10 @@ def _falcon(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
         raise cfg.error(f"the sequential block (parallel_attn: false) drops the attention branch at attention_dropout "
                         f"{attn_drop:g} and the MLP's at hidden_dropout {drop:g}: one rate is modelled",
                         "attention_dropout")
-    _rotary_note(cfg, notes)
+    rope = _rotary(cfg, notes)
     std = _init_std(cfg, notes)
     head = _head(cfg, True, True, False)  # ln_f, then the tied lm_head
-    model = _decoder(layers, d, heads, kv, d_ff, act, "layernorm", parallel, None, head)
+    model = {**_decoder(layers, d, heads, kv, d_ff, act, "layernorm", parallel, None, head), **rope}
     model["norm_eps"] = _eps(cfg, "layer_norm_epsilon", 1e-5)
     return {
         "model": model,
@@ -384,12 +402,12 @@ def _llama_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
     head_dim = g("head_dim", "posint", None, spec_key="model.head_dim") or (d // heads if d >= heads else 1)
     scale = _attention_scale(head_dim, head_dim ** -0.5)
-    _rotary_note(cfg, notes)
+    rope = _rotary(cfg, notes)
     _sliding_window(cfg, fam.model_type, layers, length, notes)
     std = _init_std(cfg, notes)
     attn_drop = g(fam.attn_dropout_key, "prob", 0.0, spec_key="attention_dropout")
     head = _head(cfg, False, True, False)  # the final RMSNorm, then lm_head
-    model = _decoder(layers, d, heads, kv, d_ff, act, "rmsnorm", False, scale, head)
+    model = {**_decoder(layers, d, heads, kv, d_ff, act, "rmsnorm", False, scale, head), **rope}
     model["norm_eps"] = _eps(cfg, "rms_norm_eps", 1e-5 if fam.model_type == "olmo2" else 1e-6)
     if heads * head_dim != d:  # Qwen3-0.6B: 16 heads of 128 at d_model 1024
         model["head_dim"] = head_dim
@@ -426,7 +444,7 @@ def _gemma(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     head_dim = g("head_dim", "posint", 256, spec_key="model.head_dim")
     qpas = g("query_pre_attn_scalar", "float", 256, spec_key="model.softmax_scale")
     scale = _attention_scale(head_dim, qpas ** -0.5)
-    _rotary_note(cfg, notes)
+    rope = _rotary(cfg, notes)
     _sliding_window(cfg, mt, layers, length, notes)
     std = _init_std(cfg, notes)
     if g("use_bidirectional_attention", "bool", None):
@@ -441,7 +459,7 @@ def _gemma(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
                      "inputs) is far below the cap, where c tanh(s / c) = s")
     notes.append("norm weights are stored as w and applied as 1 + w: zero-initialised, gain 1 at init")
     head = _head(cfg, True, True, False)  # the final RMSNorm, then the tied head
-    model = _decoder(layers, d, heads, kv, d_ff, act, "rmsnorm", False, scale, head)
+    model = {**_decoder(layers, d, heads, kv, d_ff, act, "rmsnorm", False, scale, head), **rope}
     if heads * head_dim != d:  # Gemma 2 2B: 8 heads of 256 at d_model 2304
         model["head_dim"] = head_dim
     model.update(norm="sandwich", norm_eps=_eps(cfg, "rms_norm_eps", 1e-6), embedding_scale=math.sqrt(d),

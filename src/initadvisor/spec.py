@@ -103,6 +103,8 @@ class Spec:
     moe: Experts | None = None  # mixture-of-experts MLPs; None: dense
     depth_alpha: float = 0.0  # every branch times layers^-depth_alpha (depth-muP 1/2, CompleteP 1)
     layernorm_scaling: bool = False  # the norm before each branch of block l times 1 / sqrt(l) (Sun et al. 2025)
+    rope_theta: float | None = None  # rotary position embedding's base; None: no rotary embedding
+    rotary_fraction: float = 1.0  # the share of each head's coordinates it turns
     source: str | None = field(default=None, compare=False)
     notes: tuple[str, ...] = field(default=(), compare=False)  # what an import could not model
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
@@ -177,7 +179,8 @@ class Spec:
                 "tie_embeddings": self.tie_embeddings, "head_transform": self.head_transform,
                 "logit_softcap": self.logit_softcap, "qk_norm": self.qk_norm, "norm_eps": self.norm_eps,
                 "embedding_scale": self.embedding_scale, "head_dim": self.head_dim,
-                "layernorm_scaling": self.layernorm_scaling,
+                "layernorm_scaling": self.layernorm_scaling, "rope_theta": self.rope_theta,
+                "rotary_fraction": self.rotary_fraction,
             },
             "sequence": {
                 "length": self.seq_len, "vocab": self.vocab,
@@ -230,7 +233,7 @@ SCHEMA: dict[str, Any] = {
         "activation": ACTIVATIONS, "softmax_scale": "pos?", "embedding_norm": "bool?", "parallel_residual": "bool",
         "final_norm": "bool", "tie_embeddings": "bool", "head_transform": "bool", "logit_softcap": "pos?",
         "qk_norm": QK_NORMS, "norm_eps": "eps", "embedding_scale": "pos", "head_dim": "posint?",
-        "layernorm_scaling": "bool",
+        "layernorm_scaling": "bool", "rope_theta": "base?", "rotary_fraction": "fraction",
     },
     "sequence": {"length": "posint", "vocab": "posint", "input_correlation": "corr", "embeddings": "embeddings"},
     "dropout": "prob",
@@ -431,6 +434,10 @@ def _check_value(v: Any, kind: Any, key: str, lines: dict[str, int], fname: str)
             raise bad(f"must be a probability in [0, 1), got {v}")
         if kind == "eps" and not 0 <= v < 1:
             raise bad(f"must be a number in [0, 1), got {v}")
+        if kind == "base" and not 1e-8 <= v <= 1e12:
+            raise bad(f"must be a number in [1e-8, 1e12], got {v}")
+        if kind == "fraction" and not 0 < v <= 1:
+            raise bad(f"must be a number in (0, 1], got {v}")
         if kind == "alpha" and not 0 <= v <= 4:
             raise bad(f"must be a number in [0, 4], got {v}")
 
@@ -545,6 +552,8 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
         norm_eps=float(m.get("norm_eps", 0.0)), embedding_scale=float(m.get("embedding_scale", 1.0)), moe=moe,
         depth_alpha=float(data.get("residual", {}).get("depth_alpha", 0.0)),
         layernorm_scaling=m.get("layernorm_scaling", False),
+        rope_theta=None if m.get("rope_theta") is None else float(m["rope_theta"]),
+        rotary_fraction=float(m.get("rotary_fraction", 1.0)),
         source=None if fname == "<spec>" else fname, lines=dict(lines),
     )
     try:

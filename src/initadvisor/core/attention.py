@@ -13,11 +13,76 @@ T = inf gives 001's asymptotic laws exactly (Y2 = max(0, 1 - beta_c/beta), Yp = 
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
 
 HUGE = 1e250  # the engine's cap on every moment and derived quantity: extreme stacks stay finite
+
+
+def rope_dims(d_head: int, fraction: float) -> int:
+    """How many of a head's coordinates the rotary embedding turns (pairs of them; HF: int(d_head x fraction),
+    even)."""
+    return (int(d_head * fraction) // 2) * 2
+
+
+def rope_angles(T: int, d_head: int, theta: float, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(cos, sin) of the rotary angles t theta^(-2i/r), positions t = 0..T-1, i < r/2 (r = rope_dims): HF's
+    rotate_half convention turns coordinate i with i + r/2."""
+    r = rope_dims(d_head, fraction)
+    inv = theta ** (-np.arange(0, r, 2, dtype=float) / r)
+    a = np.outer(np.arange(T, dtype=float), inv)
+    return np.cos(a), np.sin(a)
+
+
+_ROPE_FREQS = 256  # frequencies averaged at most: beyond, midpoints of the mean over i / (r/2) (a smooth quadrature)
+
+
+def rope_coherence(m, d_head: int, theta: float, fraction: float):
+    """kappa(m): the mean over a row's ordered key pairs s != s' (keys 1..m) and over a head's coordinates of
+    cos((s - s') w_i), w_i the rotary frequencies (1 on coordinates left unturned). Rotating keys by their
+    positions turns the tokens' common component p into kappa p as the keys see it: the logits' key-dependent
+    variance is q - kappa p in place of q - p. Exact by the Fejer kernel: sum_{s, s'} cos((s - s') w) =
+    sin^2(m w / 2) / sin^2(w / 2) (up to _ROPE_FREQS frequencies); m = inf: the unturned share only."""
+    r = rope_dims(d_head, fraction)
+    m = np.asarray(m, dtype=float)
+    if r == 0 or theta <= 0:
+        return np.ones_like(m)[()]
+    n = r // 2
+    i = np.arange(n, dtype=float) if n <= _ROPE_FREQS else (np.arange(_ROPE_FREQS) + 0.5) * n / _ROPE_FREQS
+    w = theta ** (-2.0 * i / r)
+    mm = np.where(np.isfinite(m), m, 2.0)
+    k = np.zeros(mm.shape)
+    for wi in w:  # one frequency at a time: memory O(len(m))
+        s2 = math.sin(wi / 2) ** 2
+        fejer = np.sin(mm * wi / 2) ** 2 / s2 if s2 > 1e-30 else mm * mm
+        with np.errstate(divide="ignore", invalid="ignore"):
+            k += np.where(mm > 1, (fejer - mm) / (mm * (mm - 1)), 1.0)
+    k = np.where(np.isfinite(m), k / w.size, 0.0)
+    return (1.0 - r / d_head + r / d_head * k)[()]
+
+
+@lru_cache(maxsize=256)
+def _rope_scalar(m: float, d_head: int, theta: float, fraction: float) -> float:
+    return float(rope_coherence(m, d_head, theta, fraction))
+
+
+def rope_kappa(m, d_head: int, theta: float, fraction: float):
+    """rope_coherence, cached for a scalar m (every layer of a stack asks at the same T)."""
+    if np.ndim(m) == 0:
+        return _rope_scalar(float(m), int(d_head), float(theta), float(fraction))
+    return rope_coherence(m, d_head, theta, fraction)
+
+
+@lru_cache(maxsize=32)
+def rope_rows(T: int, d_head: int, theta: float, fraction: float) -> np.ndarray:
+    """rope_coherence of causal rows m = 1..T (row m's keys 1..m): exact up to m = 64 and on a geometric grid of
+    1024 rows beyond, linear in log m between (kappa is smooth in log m)."""
+    grid = np.unique(np.concatenate([np.arange(1, min(T, 64) + 1), np.geomspace(64, T, 1024).round()])) \
+        if T > 64 else np.arange(1, T + 1, dtype=float)
+    k = rope_coherence(grid, d_head, theta, fraction)
+    return np.interp(np.log(np.arange(1, T + 1)), np.log(grid), k)
 
 
 def beta_c(q, p, q_query=None):

@@ -67,6 +67,8 @@ class BlockParams:
     block_m: object = 1.0
     norm_eps: float = 0.0  # every norm's epsilon
     norm_gain: object = 1.0  # the gain of the norms before the branches (LayerNorm-Scaling: 1 / sqrt(layer))
+    rope_theta: float = 0.0  # rotary position embedding's base (0: none) on a fraction of each head's coordinates
+    rope_fraction: float = 1.0
     norm: str = "post"  # post | pre | sandwich (norm before and after each branch) | reordered (after only) | none
     qk_norm: str = "none"  # none | head | all: queries and keys normalised (norm_type, unit gain) before the scores
     centered: bool = False
@@ -445,11 +447,20 @@ class Attention:
 
     P: BlockParams
 
-    def moments(self, q, p):
-        """V projection, REM mixing, output projection (001 eq. 14, Result 1)."""
+    def _kappa(self, m):
+        """The share of the tokens' common component that keys (and two rows' queries) keep under the rotary
+        embedding, at m keys (attention.rope_coherence); 1 without one."""
         P = self.P
-        qq = q + P.q_bias
-        bc = self._qk_normed_beta_c(q, p, qq) if P.qk_norm != "none" else att.beta_c(q, p, qq)
+        return att.rope_kappa(m, P.d_head, P.rope_theta, P.rope_fraction) if P.rope_theta else 1.0
+
+    def moments(self, q, p):
+        """V projection, REM mixing, output projection (001 eq. 14, Result 1); a rotary embedding turns the keys'
+        common component into kappa p as one row sees them (beta_c; values are not turned). Two rows' overlap keeps
+        the unturned query correlation: kappa there (its mean over pairs) put Qwen3's and OLMo 2's rho 0.01-0.02
+        further from the real models."""
+        P = self.P
+        qq, kap = q + P.q_bias, self._kappa(P.seq_len)
+        bc = self._qk_normed_beta_c(q, kap * p, qq) if P.qk_norm != "none" else att.beta_c(q, kap * p, qq)
         y2, yp, y3 = att.participation(P.beta, bc, (p + P.q_bias) / qq, P.seq_len)
         mom = att.mixing(y2, yp, P.seq_len, P.centered, P.attn_dropout)
         qv, pv = linear(q, p, P.g_v, P.b_v2)
@@ -494,6 +505,8 @@ class Attention:
             pbar = np.where(m > 1, (tot - trace) / (m * np.maximum(m - 1.0, 1.0)), qbar)
         qb = float(P.q_bias)
         qq = qf + qb
+        if P.rope_theta:  # row m's keys 1..m see kappa_m of their common component
+            pbar = pbar * att.rope_rows(G.T, P.d_head, P.rope_theta, P.rope_fraction)
         bc = self._qk_normed_beta_c(qbar, pbar, qq) if P.qk_norm != "none" else att.beta_c(qbar, pbar, qq)
         y2, v = cz.rem_rows(P.beta, bc, lnT, m)
 
@@ -543,6 +556,7 @@ class Attention:
         # head h = kv * G + g uses K/V head kv (consecutive heads share, like repeat_interleave)
         q, qn = self._qk_norm(_lin(u, w["wq"], w.get("bq")))
         k, kn = self._qk_norm(_lin(u, w["wk"], w.get("bk")))
+        q, k = self._rope(q), self._rope(k)
         q = q.reshape(B, T, KV, G, dh).transpose(0, 2, 3, 1, 4).reshape(B, KV, G * T, dh)
         k = k.reshape(B, T, KV, dh).transpose(0, 2, 1, 3)
         v = _lin(u, w["wv"], w.get("bv")).reshape(B, T, KV, dh).transpose(0, 2, 1, 3)
@@ -575,6 +589,24 @@ class Attention:
         P = self.P
         a_k = P.g_k * q / (P.g_k * q + P.norm_eps)
         return att.beta_c(a_k, a_k * p / q, P.g_q * qq / (P.g_q * qq + P.norm_eps))
+
+    def _rope(self, x, inverse: bool = False):
+        """Rotary embedding of projected queries or keys (B, T, heads x d_head), position t = 0..T-1: rotate_half on
+        each head's first rope_dims coordinates; `inverse` turns back (the backward of an orthogonal map)."""
+        P = self.P
+        if not P.rope_theta:
+            return x
+        B, T, width = x.shape
+        cos, sin = att.rope_angles(T, P.d_head, P.rope_theta, P.rope_fraction)
+        h = cos.shape[1]
+        if h == 0:
+            return x
+        cos, sin = cos.astype(x.dtype)[:, None], (-sin if inverse else sin).astype(x.dtype)[:, None]
+        y = x.reshape(B, T, width // P.d_head, P.d_head).copy()
+        x1, x2 = y[..., :h].copy(), y[..., h:2 * h].copy()
+        y[..., :h] = x1 * cos - x2 * sin
+        y[..., h:2 * h] = x2 * cos + x1 * sin
+        return y.reshape(x.shape)
 
     def _qk_norm(self, x):
         """The QK-norm of projected queries or keys (B, T, width): per head of d_head, or over the whole width."""
@@ -622,6 +654,7 @@ class Attention:
         del da
         dq = dq.reshape(B, KV, G, T, dh).transpose(0, 3, 1, 2, 4).reshape(B, T, H * dh)
         dk = dk.transpose(0, 2, 1, 3).reshape(B, T, KV * dh)
+        dq, dk = self._rope(dq, inverse=True), self._rope(dk, inverse=True)
         dq, dk = self._qk_norm_backward(dq, c["qn"]), self._qk_norm_backward(dk, c["kn"])
         dv = dv.transpose(0, 2, 1, 3).reshape(B, T, KV * dh)
         if wgrads is not None:
@@ -655,6 +688,8 @@ class Attention:
         q, k = q.view(B, T, h, P.d_head), k.view(B, T, P.kv_heads, P.d_head)
         if P.qk_norm == "head":
             q, k = m.q_norm(q), m.k_norm(k)
+        if P.rope_theta:
+            q, k = _torch_rope(q, P), _torch_rope(k, P)
         q = q.transpose(1, 2)
         k = k.transpose(1, 2).repeat_interleave(g, dim=1)
         v = m.v(u).view(B, T, P.kv_heads, P.d_head).transpose(1, 2).repeat_interleave(g, dim=1)
@@ -667,6 +702,17 @@ class Attention:
             w = mask.to(v.dtype) if mask is not None else torch.ones(T, T, dtype=v.dtype, device=u.device)
             out = out - (w / w.sum(-1, keepdim=True)) @ v
         return m.o(out.transpose(1, 2).reshape(B, T, h * P.d_head))
+
+
+def _torch_rope(x, P: BlockParams):
+    """Attention._rope on (B, T, heads, d_head) in PyTorch."""
+    import torch
+
+    cos, sin = att.rope_angles(x.shape[1], P.d_head, P.rope_theta, P.rope_fraction)
+    h = cos.shape[1]
+    cos, sin = (torch.as_tensor(a, dtype=x.dtype, device=x.device)[:, None] for a in (cos, sin))
+    x1, x2 = x[..., :h], x[..., h:2 * h]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., 2 * h:]], dim=-1)
 
 
 @lru_cache(maxsize=16)

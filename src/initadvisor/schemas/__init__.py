@@ -49,6 +49,8 @@ def _kind(kind: Any, key: str) -> dict[str, Any]:
         "prob": lambda: _number(0, 1),
         "eps": lambda: _number(0, 1),
         "alpha": lambda: _number(0, 4, hi_open=False),
+        "base": lambda: _number(1e-8, 1e12, hi_open=False),
+        "fraction": lambda: {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
         "corr": lambda: {"anyOf": [{"const": "auto"}, _number(0, 1)]},
         "threshold": lambda: _number(*THRESHOLD_RANGE, hi_open=False),
         "codes": lambda: {"type": "array", "items": {"type": "string", "pattern": "^[Ii]([Aa][0-9]*)?$"}},
