@@ -173,6 +173,14 @@ def _table(r: dict) -> str:
     return "\n".join(rows)
 
 
+def _assert_q_rho(r: dict, late: bool = True) -> None:
+    """q within Q_REL and rho within RHO_CAUSAL at every layer, over all pairs and (late) the last third."""
+    assert q_rel_err(r).max() <= Q_REL, _fmt(q_rel_err(r)) + "\n" + _table(r)
+    assert rho_abs_err(r).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r)) + "\n" + _table(r)
+    if late:
+        assert rho_abs_err(r, late=True).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r, late=True)) + "\n" + _table(r)
+
+
 # ------------------------------------------------------------------------------------------------
 # (a) post-LN BERT encoder, 16 layers
 
@@ -281,9 +289,7 @@ def test_olmo2_reordered_norms_rho(result):
 
 def test_phi3_fused_projections_dropout(result):
     r = result("phi3")
-    assert q_rel_err(r).max() <= Q_REL, _fmt(q_rel_err(r)) + "\n" + _table(r)
-    assert rho_abs_err(r).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r)) + "\n" + _table(r)
-    assert rho_abs_err(r, late=True).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r, late=True)) + "\n" + _table(r)
+    _assert_q_rho(r)
 
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma3_text"])
@@ -307,34 +313,27 @@ def test_gemma_sandwich_norms_rho(result, family):
 def test_opt(result, family):
     """Learned positions, ReLU, dropout on both branches but not on the embeddings; pre- and post-LN."""
     r = result(family)
-    assert q_rel_err(r).max() <= Q_REL, _fmt(q_rel_err(r)) + "\n" + _table(r)
-    assert rho_abs_err(r).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r)) + "\n" + _table(r)
-    assert rho_abs_err(r, late=True).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r, late=True)) + "\n" + _table(r)
+    _assert_q_rho(r)
 
 
 @pytest.mark.parametrize("family", ["falcon", "falcon_40b"])
 def test_falcon_parallel_multi_query(result, family):
     r = result(family)
-    assert q_rel_err(r).max() <= Q_REL, _fmt(q_rel_err(r)) + "\n" + _table(r)
-    assert rho_abs_err(r).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r)) + "\n" + _table(r)
-    assert rho_abs_err(r, late=True).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r, late=True)) + "\n" + _table(r)
+    _assert_q_rho(r)
 
 
 def test_mixtral_experts(result):
     """8 experts, top 2 renormalised: each token's MLP branch is sum_j w_j^2 = 0.5-0.55 of one expert's (the
     router's logits have std 0.32 here), and two tokens share an expert less often than they share direction."""
     r = result("mixtral")
-    assert q_rel_err(r).max() <= Q_REL, _fmt(q_rel_err(r)) + "\n" + _table(r)
-    assert rho_abs_err(r).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r)) + "\n" + _table(r)
-    assert rho_abs_err(r, late=True).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r, late=True)) + "\n" + _table(r)
+    _assert_q_rho(r)
 
 
 def test_qwen3_moe_experts(result):
     """Top 4 of 64 experts, weights not renormalised (0.016 each), block 1 dense. Its late third is Qwen3's
     (QK-norm) known gap at block 1 (printed in the accuracy table, not gated)."""
     r = result("qwen3_moe")
-    assert q_rel_err(r).max() <= Q_REL, _fmt(q_rel_err(r)) + "\n" + _table(r)
-    assert rho_abs_err(r).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r)) + "\n" + _table(r)
+    _assert_q_rho(r, late=False)
 
 
 # ------------------------------------------------------------------------------------------------
