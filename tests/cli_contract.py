@@ -122,6 +122,10 @@ def valid_spec(r, max_layers: int = 2000, small: bool = False) -> dict:
         opt(model, "layernorm_scaling", lambda: r.coin(), 0.2)
     opt(model, "rope_theta", lambda: None if r.coin(0.2) else real(r, 1e-8, 1e12, (1e3, 1e7)), 0.3)
     opt(model, "rotary_fraction", lambda: r.choice([0.25, 0.5, 1.0, r.real(1e-3, 1.0)]), 0.2)
+    if model.get("attention") != "centered" and r.coin(0.3):
+        model["sliding_window"] = max(1, int(r.real(1, 64 if small else 10**5, log=True)))
+        n = model["layers"]
+        opt(model, "window_blocks", lambda: sorted({r.integer(1, n) for _ in range(r.integer(0, min(n, 4)))}), 0.4)
     if model.get("out_proj", True):  # heads * head_dim != d_model needs the output projection
         opt(model, "head_dim", lambda: max(1, int(r.real(1, 64 if small else 4096, log=True))), 0.2)
     seq: dict = {}

@@ -146,6 +146,7 @@ def expected(family: str) -> dict:
             "model_type", "tie_word_embeddings", "rms_norm_eps"}
     used |= ({"sliding_window"} if family in ("mistral", "phi3", "mixtral") else set() if family in ("llama", "olmo2")
              else {"use_sliding_window"})
+    used |= set() if family in ("llama", "olmo2") else {"layer_types"}  # which layers are local (sliding window)
     used |= {"num_local_experts", "num_experts_per_tok"} if family in ("mixtral", "qwen3_moe") else set()
     used |= {"router_jitter_noise"} if family == "mixtral" else set()
     used |= ({"decoder_sparse_step", "mlp_only_layers", "norm_topk_prob", "moe_intermediate_size"}
@@ -234,6 +235,17 @@ def test_mixture_of_experts_variants(tmp_path: Path) -> None:
         import_config(write(tmp_path, c | {"mlp_only_layers": "0"}))
 
 
+def test_sliding_window_mapping() -> None:
+    """Gemma's local layers: layer_types (else 1 in 2 / 5 in 6); a window in every layer leaves window_blocks out."""
+    for family, blocks in (("gemma2", (1,)), ("gemma3_text", None)):
+        spec = import_config(cfg_path(family))[0]
+        c = raw(family)
+        local = tuple(i + 1 for i, t in enumerate(c.get("layer_types") or []) if t == "sliding_attention")
+        assert spec.sliding_window == c["sliding_window"]
+        assert spec.window_blocks == (blocks if "layer_types" not in c else (None if len(local) == spec.layers
+                                                                             else local))
+
+
 def test_family_notes() -> None:
     notes = {f: import_config(cfg_path(f))[1] for f in FAMILIES}
     joined = {f: "\n".join(n) for f, n in notes.items()}
@@ -250,8 +262,9 @@ def test_family_notes() -> None:
     assert (gpt2.embedding_dropout, gpt2.dropout) == (raw("gpt2")["embd_pdrop"], raw("gpt2")["resid_pdrop"])
     assert "embedding_size 32 != hidden_size 64" in joined["electra"]
     assert "pad_token_id + 1 = 2" in joined["roberta"]
-    assert "sliding-window attention (window 64) in 2 of 2 layers" in joined["mistral"]
-    assert "sliding" not in joined["qwen2"].replace("sliding_window", "")  # use_sliding_window false
+    mistral = import_config(cfg_path("mistral"))[0]  # a window in every layer: window_blocks left out
+    assert (mistral.sliding_window, mistral.window_blocks) == (raw("mistral")["sliding_window"], None)
+    assert import_config(cfg_path("qwen2"))[0].sliding_window is None  # use_sliding_window false
     for f in FAMILIES:
         assert "transformers_version" in ignored_fields(notes[f])
         assert "tie_word_embeddings" not in ignored_fields(notes[f])
@@ -328,7 +341,7 @@ def test_directory_and_qwen2_sliding(tmp_path: Path) -> None:
     c = raw("qwen2") | {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}
     c.pop("layer_types")
     spec, notes = import_config(write(tmp_path, c).parent)  # a model directory works too
-    assert any("sliding-window attention (window 16) in 1 of 2 layers" in n for n in notes)
+    assert (spec.sliding_window, spec.window_blocks) == (16, (2,))  # layers from max_window_layers (from 0) on
 
 
 # ------------------------------------------------------------------------------------------------

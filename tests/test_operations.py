@@ -68,6 +68,9 @@ OPERATIONS = {
     "attention-rotary": lambda: _attention(model={"rope_theta": 100.0, "rotary_fraction": 0.5, "causal": True}),
     "attention-rotary-qk-norm": lambda: _attention(model={"rope_theta": 10.0, "qk_norm": "head",
                                                           "norm_type": "rmsnorm", "softmax_scale": 0.1}),
+    # sliding windows: 6 keys per causal row (late tokens), 9 bidirectional (|m - s| <= 4), T 24
+    "attention-window-causal": lambda: _attention(model={"sliding_window": 6, "causal": True}, init={"v": {"std": 0.12}}),
+    "attention-window": lambda: _attention(model={"sliding_window": 8}, init={"v": {"std": 0.12}}),
     "attention-head-dim": lambda: _attention(model={"head_dim": 40, "kv_heads": 2}),  # 4 x 40 != d 96 (Qwen3)
     # QK-norm: unit-variance queries and keys whatever the Q/K stds (0.01 here): the softmax scale sets beta
     "attention-qk-norm-head": lambda: _attention(model={"qk_norm": "head", "norm_type": "rmsnorm", "kv_heads": 2,

@@ -97,8 +97,13 @@ def causal_trace(stack: Stack):
     return propagate_causal(stack)
 
 
+WINDOW_CELLS = 2 * 10**7  # sliding-window rows run at full resolution: (layers + 1) x T^2 overlaps at most (~3 s)
+
+
 def resolvable(stack: Stack) -> bool:
-    return fits(len(stack.layers), stack.embeddings.seq_len)
+    T, L = stack.embeddings.seq_len, len(stack.layers)
+    windowed = any(P.window and P.window < T for P in stack.layers)
+    return fits(L, T) and (not windowed or (L + 1) * T * T <= WINDOW_CELLS)
 
 
 def fits(layers: int, seq_len: int) -> bool:
@@ -111,6 +116,12 @@ def notes(spec) -> list[str]:
     if spec.causal and not fits(spec.layers, spec.seq_len):
         return [f"causal: (layers + 1) x T = {(spec.layers + 1) * spec.seq_len:.3g} exceeds {CAUSAL_CELLS:.0e} "
                 "positions x layers: the position-resolved prediction is skipped, rows use the late-token pair"]
+    T = spec.seq_len
+    if spec.causal and spec.sliding_window and spec.sliding_window < T and (spec.layers + 1) * T * T > WINDOW_CELLS:
+        most = int((WINDOW_CELLS / (spec.layers + 1)) ** 0.5)
+        return [f"causal: sliding-window rows are resolved per position up to (layers + 1) x T^2 = {WINDOW_CELLS:.0e} "
+                f"(here T = {T}; --seq-len {most} fits): the position-resolved prediction is skipped, and the "
+                "late-token pair (a REM at W keys) overstates rho"]
     return []
 
 

@@ -403,11 +403,11 @@ def _llama_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     head_dim = g("head_dim", "posint", None, spec_key="model.head_dim") or (d // heads if d >= heads else 1)
     scale = _attention_scale(head_dim, head_dim ** -0.5)
     rope = _rotary(cfg, notes)
-    _sliding_window(cfg, fam.model_type, layers, length, notes)
+    window = _sliding_window(cfg, fam.model_type, layers)
     std = _init_std(cfg, notes)
     attn_drop = g(fam.attn_dropout_key, "prob", 0.0, spec_key="attention_dropout")
     head = _head(cfg, False, True, False)  # the final RMSNorm, then lm_head
-    model = {**_decoder(layers, d, heads, kv, d_ff, act, "rmsnorm", False, scale, head), **rope}
+    model = {**_decoder(layers, d, heads, kv, d_ff, act, "rmsnorm", False, scale, head), **rope, **window}
     model["norm_eps"] = _eps(cfg, "rms_norm_eps", 1e-5 if fam.model_type == "olmo2" else 1e-6)
     if heads * head_dim != d:  # Qwen3-0.6B: 16 heads of 128 at d_model 1024
         model["head_dim"] = head_dim
@@ -445,7 +445,7 @@ def _gemma(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     qpas = g("query_pre_attn_scalar", "float", 256, spec_key="model.softmax_scale")
     scale = _attention_scale(head_dim, qpas ** -0.5)
     rope = _rotary(cfg, notes)
-    _sliding_window(cfg, mt, layers, length, notes)
+    window = _sliding_window(cfg, mt, layers)
     std = _init_std(cfg, notes)
     if g("use_bidirectional_attention", "bool", None):
         raise cfg.error("bidirectional attention (an encoder) is not modelled for Gemma", "use_bidirectional_attention")
@@ -459,7 +459,7 @@ def _gemma(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
                      "inputs) is far below the cap, where c tanh(s / c) = s")
     notes.append("norm weights are stored as w and applied as 1 + w: zero-initialised, gain 1 at init")
     head = _head(cfg, True, True, False)  # the final RMSNorm, then the tied head
-    model = {**_decoder(layers, d, heads, kv, d_ff, act, "rmsnorm", False, scale, head), **rope}
+    model = {**_decoder(layers, d, heads, kv, d_ff, act, "rmsnorm", False, scale, head), **rope, **window}
     if heads * head_dim != d:  # Gemma 2 2B: 8 heads of 256 at d_model 2304
         model["head_dim"] = head_dim
     model.update(norm="sandwich", norm_eps=_eps(cfg, "rms_norm_eps", 1e-6), embedding_scale=math.sqrt(d),
@@ -507,39 +507,37 @@ def _moe(cfg: _Config, mt: str, layers: int, std: float, notes: list[str]) -> di
             "router_std": std}
 
 
-def _sliding_window(cfg: _Config, mt: str, layers: int, length: int, notes: list[str]) -> None:
+def _sliding_window(cfg: _Config, mt: str, layers: int) -> dict[str, Any]:
+    """The spec's sliding_window and window_blocks (absent: every block): Mistral, Phi-3 and Mixtral window every
+    layer (Phi-3's and Mixtral's default: none); Gemma 2 / 3 the layers layer_types calls sliding (else 1 in 2,
+    or 5 in 6); Qwen2 / Qwen3 with use_sliding_window those layer_types says (else from max_window_layers on)."""
     if mt in ("llama", "olmo2"):
-        return
+        return {}
     g = cfg.get
-    if mt in ("mistral", "phi3", "mixtral"):  # every layer; Phi-3's and Mixtral's default is no window
+    types = cfg.raw.get("layer_types")
+    if isinstance(types, list):
+        cfg.used.add("layer_types")
+    if mt in ("mistral", "phi3", "mixtral"):
         default = 4096 if mt == "mistral" and "sliding_window" not in cfg.raw else None
-        window = g("sliding_window", "posint", default)
-        n_sliding = layers if window is not None else 0
-    elif mt in ("gemma2", "gemma3_text"):  # layer_types says which layers are local (else 1 in 2, or 5 in 6)
-        window = g("sliding_window", "posint", 4096)
-        types = cfg.raw.get("layer_types")
-        if isinstance(types, list):
-            cfg.used.add("layer_types")
-            n_sliding = sum(t == "sliding_attention" for t in types)
-        else:
-            period = 2 if mt == "gemma2" else 6
-            n_sliding = sum((i + 1) % period != 0 for i in range(layers))
-    else:  # qwen2: the config nulls sliding_window unless use_sliding_window; layer_types says which layers
+        window = g("sliding_window", "posint", default, spec_key="model.sliding_window")
+        local = list(range(1, layers + 1))
+    elif mt in ("gemma2", "gemma3_text"):
+        window = g("sliding_window", "posint", 4096, spec_key="model.sliding_window")
+        period = 2 if mt == "gemma2" else 6
+        local = [i + 1 for i in range(layers) if (types[i] == "sliding_attention" if isinstance(types, list)
+                                                   and len(types) == layers else (i + 1) % period != 0)]
+    else:  # qwen2, qwen3, qwen3_moe: the config nulls sliding_window unless use_sliding_window
         if not g("use_sliding_window", "bool", False):
-            return
-        window = g("sliding_window", "posint", 4096 if "sliding_window" not in cfg.raw else None)
-        types = cfg.raw.get("layer_types")
-        if isinstance(types, list):
-            cfg.used.add("layer_types")
-            n_sliding = sum(t == "sliding_attention" for t in types)
-        else:
-            mwl = g("max_window_layers", "any", 28)
-            mwl = mwl if isinstance(mwl, int) and not isinstance(mwl, bool) else 28
-            n_sliding = max(layers - mwl, 0)
-    length = cfg.seq_len or length
-    if n_sliding and window is not None and window < length:
-        notes.append(f"sliding-window attention (window {window}) in {n_sliding} of {layers} layers is not "
-                     f"modelled: the spec attends over the whole causal prefix of {length} tokens")
+            return {}
+        window = g("sliding_window", "posint", 4096 if "sliding_window" not in cfg.raw else None,
+                   spec_key="model.sliding_window")
+        mwl = g("max_window_layers", "any", 28)
+        mwl = mwl if isinstance(mwl, int) and not isinstance(mwl, bool) else 28
+        local = [i + 1 for i in range(layers) if (types[i] == "sliding_attention" if isinstance(types, list)
+                                                   and len(types) == layers else i >= mwl)]
+    if window is None or not local:
+        return {}
+    return {"sliding_window": window, **({} if len(local) == layers else {"window_blocks": local})}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -105,6 +105,8 @@ class Spec:
     layernorm_scaling: bool = False  # the norm before each branch of block l times 1 / sqrt(l) (Sun et al. 2025)
     rope_theta: float | None = None  # rotary position embedding's base; None: no rotary embedding
     rotary_fraction: float = 1.0  # the share of each head's coordinates it turns
+    sliding_window: int | None = None  # keys per row in a local attention layer (causal: the last W; else |m - s| <= W//2)
+    window_blocks: tuple[int, ...] | None = None  # blocks (from 1) with the window; None: all
     source: str | None = field(default=None, compare=False)
     notes: tuple[str, ...] = field(default=(), compare=False)  # what an import could not model
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
@@ -154,8 +156,14 @@ class Spec:
         return None
 
     def with_overrides(self, **kw: Any) -> "Spec":
-        """Copy with top-level fields replaced (command-line overrides), re-validated."""
+        """Copy with top-level fields replaced (command-line overrides), re-validated; at another depth the
+        per-block lists (window_blocks, moe.dense_blocks) keep the blocks that still exist."""
         out = replace(self, **{k: v for k, v in kw.items() if v is not None})
+        if out.window_blocks and out.layers < self.layers:
+            out = replace(out, window_blocks=tuple(b for b in out.window_blocks if b <= out.layers))
+        if out.moe and out.layers < self.layers:
+            out = replace(out, moe=replace(out.moe, dense_blocks=tuple(b for b in out.moe.dense_blocks
+                                                                       if b <= out.layers)))
         _check_consistency(out)
         return _resolve_qk_beta(out)
 
@@ -180,7 +188,8 @@ class Spec:
                 "logit_softcap": self.logit_softcap, "qk_norm": self.qk_norm, "norm_eps": self.norm_eps,
                 "embedding_scale": self.embedding_scale, "head_dim": self.head_dim,
                 "layernorm_scaling": self.layernorm_scaling, "rope_theta": self.rope_theta,
-                "rotary_fraction": self.rotary_fraction,
+                "rotary_fraction": self.rotary_fraction, "sliding_window": self.sliding_window,
+                "window_blocks": None if self.window_blocks is None else list(self.window_blocks),
             },
             "sequence": {
                 "length": self.seq_len, "vocab": self.vocab,
@@ -234,6 +243,7 @@ SCHEMA: dict[str, Any] = {
         "final_norm": "bool", "tie_embeddings": "bool", "head_transform": "bool", "logit_softcap": "pos?",
         "qk_norm": QK_NORMS, "norm_eps": "eps", "embedding_scale": "pos", "head_dim": "posint?",
         "layernorm_scaling": "bool", "rope_theta": "base?", "rotary_fraction": "fraction",
+        "sliding_window": "posint?", "window_blocks": "blocks?",
     },
     "sequence": {"length": "posint", "vocab": "posint", "input_correlation": "corr", "embeddings": "embeddings"},
     "dropout": "prob",
@@ -553,7 +563,8 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
         depth_alpha=float(data.get("residual", {}).get("depth_alpha", 0.0)),
         layernorm_scaling=m.get("layernorm_scaling", False),
         rope_theta=None if m.get("rope_theta") is None else float(m["rope_theta"]),
-        rotary_fraction=float(m.get("rotary_fraction", 1.0)),
+        rotary_fraction=float(m.get("rotary_fraction", 1.0)), sliding_window=m.get("sliding_window"),
+        window_blocks=None if m.get("window_blocks") is None else tuple(sorted(m["window_blocks"])),
         source=None if fname == "<spec>" else fname, lines=dict(lines),
     )
     try:
@@ -588,6 +599,14 @@ def _check_consistency(spec: Spec) -> None:
         raise SpecError("gated MLP needs d_ff", key="model.d_ff")
     if spec.parallel_residual and spec.norm != "pre":
         raise SpecError("parallel_residual needs norm: pre", key="model.parallel_residual")
+    if spec.window_blocks is not None and spec.sliding_window is None:
+        raise SpecError("lists the blocks of a sliding window: set model.sliding_window", key="model.window_blocks")
+    if spec.window_blocks and spec.window_blocks[-1] > spec.layers:
+        raise SpecError(f"block {spec.window_blocks[-1]} is beyond the model's {spec.layers} layers",
+                        key="model.window_blocks")
+    if spec.sliding_window and spec.attention == "centered":
+        raise SpecError("centered attention subtracts the mean over all attended keys; with a sliding window it is "
+                        "not modelled", key="model.sliding_window")
     if spec.layernorm_scaling and spec.norm not in ("pre", "sandwich"):
         raise SpecError("scales the norm before each branch: needs norm: pre or sandwich",
                         key="model.layernorm_scaling")

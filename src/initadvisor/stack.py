@@ -71,6 +71,10 @@ def from_spec(spec, per_layer: dict[str, np.ndarray] | None = None, **fields) ->
         base = tuple(P if i + 1 in spec.moe.dense_blocks else M for i in range(spec.layers))
     if spec.layernorm_scaling:  # block l's branch-input norms times 1 / sqrt(l)
         base = tuple(replace(B, norm_gain=(i + 1) ** -0.5) for i, B in enumerate(base))
+    if spec.sliding_window:  # local attention in window_blocks (all when None)
+        local = {id(B): replace(B, window=spec.sliding_window) for B in base}  # repeated layers share one
+        base = tuple(local[id(B)] if spec.window_blocks is None or i + 1 in spec.window_blocks else B
+                     for i, B in enumerate(base))
     if per_layer:
         layers = tuple(replace(base[i], **fields, **{k: float(v[i]) for k, v in per_layer.items()})
                        for i in range(spec.layers))

@@ -126,4 +126,7 @@ def propagate_causal(stack: Stack, keep_overlap: bool = False):
     from initadvisor.core.causal import propagate_overlaps
 
     q0, p0 = stack.embeddings.moments()
-    return propagate_overlaps(stack.blocks, q0, p0, stack.embeddings.seq_len, keep_overlap=keep_overlap)
+    T = stack.embeddings.seq_len
+    windowed = any(P.window and P.window < T for P in stack.layers)  # sliding windows: every position its own group
+    return propagate_overlaps(stack.blocks, q0, p0, T, keep_overlap=keep_overlap,
+                              **({"single": T} if windowed else {}))

@@ -68,6 +68,7 @@ class BlockParams:
     norm_eps: float = 0.0  # every norm's epsilon
     norm_gain: object = 1.0  # the gain of the norms before the branches (LayerNorm-Scaling: 1 / sqrt(layer))
     rope_theta: float = 0.0  # rotary position embedding's base (0: none) on a fraction of each head's coordinates
+    window: int = 0  # sliding-window attention: keys m - window + 1..m (causal) or |m - s| <= window // 2; 0: all
     rope_fraction: float = 1.0
     norm: str = "post"  # post | pre | sandwich (norm before and after each branch) | reordered (after only) | none
     qk_norm: str = "none"  # none | head | all: queries and keys normalised (norm_type, unit gain) before the scores
@@ -437,6 +438,7 @@ class AttentionCache:
     yp: object
     y3: object
     mom: tuple
+    mom_b: tuple  # the backward's: a sliding window's rows overlap on their own keys
 
 
 @dataclass(frozen=True)
@@ -459,25 +461,47 @@ class Attention:
         the unturned query correlation: kappa there (its mean over pairs) put Qwen3's and OLMo 2's rho 0.01-0.02
         further from the real models."""
         P = self.P
-        qq, kap = q + P.q_bias, self._kappa(P.seq_len)
+        T, n = P.seq_len, self._keys(P.seq_len)
+        qq, kap = q + P.q_bias, self._kappa(n)
         bc = self._qk_normed_beta_c(q, kap * p, qq) if P.qk_norm != "none" else att.beta_c(q, kap * p, qq)
-        y2, yp, y3 = att.participation(P.beta, bc, (p + P.q_bias) / qq, P.seq_len)
-        mom = att.mixing(y2, yp, P.seq_len, P.centered, P.attn_dropout)
+        if not P.window or np.all(n >= T):
+            y2, yp, y3 = att.participation(P.beta, bc, (p + P.q_bias) / qq, T)
+            mom = mom_b = att.mixing(y2, yp, T, P.centered, P.attn_dropout)
+        else:  # a REM at n keys (beta at n keys: beta sqrt(ln T / ln n)); two tokens share keys only when near:
+            # over all pairs the overlap is n^2 / T of a window's, e^(rho v) / T as without one
+            with np.errstate(divide="ignore", invalid="ignore"):
+                b_n = P.beta * np.sqrt(np.where(n > 1, np.log(T) / np.log(np.maximum(n, 2)), 1.0))
+            y2, yp_n, y3 = att.participation(b_n, bc, (p + P.q_bias) / qq, n)
+            yp = np.minimum(y2, yp_n * n / T)
+            mom, mom_b = (att.mixing(y2, x, n, False, P.attn_dropout) for x in (yp, yp_n))
         qv, pv = linear(q, p, P.g_v, P.b_v2)
         qa, pa = att.mix_forward(qv, pv, mom)
         qo, po = linear(qa, pa, P.g_o, P.b_o2)
-        return qo, po, AttentionCache(q, p, bc, y2, yp, y3, mom)
+        return qo, po, AttentionCache(q, p, bc, y2, yp, y3, mom, mom_b)
+
+    def _keys(self, T):
+        """Keys per row: T, or a sliding window's (window causal, 2 (window // 2) + 1 bidirectional)."""
+        W = self.P.window
+        if not W:
+            return T
+        return np.minimum(T, W if self.P.causal else 2 * (W // 2) + 1)
 
     def moments_backward(self, gq, gp, c: AttentionCache):
-        """Value path only (the Q/K path is O(1/T) per entry in the uniform phase)."""
+        """Value path only (the Q/K path is O(1/T) per entry in the uniform phase); a sliding window's keys are each
+        read by the window's rows, as bidirectional attention over its n keys."""
         P = self.P
         gq, gp = P.g_o * gq, P.g_o * gp
-        gq, gp = att.mix_backward(gq, gp, c.mom, P.seq_len, P.causal)
+        if P.window and np.any(self._keys(P.seq_len) < P.seq_len):
+            gq, gp = att.mix_backward(gq, gp, c.mom_b, self._keys(P.seq_len), False)
+        else:
+            gq, gp = att.mix_backward(gq, gp, c.mom, P.seq_len, P.causal)
         return P.g_v * gq, P.g_v * gp
 
     def causal(self, G, S):
         """Row m attends to keys 1..m: a REM at m keys (causal.py's module docstring derives each term)."""
         P = self.P
+        if P.window and P.window < G.T:
+            return self._causal_window(G, S)
         lnT = math.log(P.seq_len) if np.isfinite(P.seq_len) else math.log(G.T)
         qf, Pm = S.qf, S.P
         n, gid, m, i = G.n, G.gid, G.m, G.i
@@ -539,6 +563,53 @@ class Attention:
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
         return O, cz.AttentionRows(y2, bc, O.qf)
 
+    def _causal_window(self, G, S):
+        """Row m attends to its keys K_m = [m - window + 1, m] (w_m of them), at full resolution (every position its
+        own group, causal.propagate_overlaps(single=T)): the same terms as `causal` with box sums of the overlap
+        matrix over K_m x K_n in place of prefix sums, and the shared keys |K_m & K_n| in place of min(m, n)."""
+        P, T = self.P, G.T
+        if not G.single.all():
+            raise ValueError("sliding-window rows need the full-resolution causal state (single=T)")
+        lnT = math.log(P.seq_len) if np.isfinite(P.seq_len) else math.log(T)
+        qf = S.qf
+        C = S.P.copy()
+        C[np.diag_indices(T)] = qf
+        box = np.zeros((T + 1, T + 1))
+        np.cumsum(np.cumsum(C, axis=0), axis=1, out=box[1:, 1:])
+        t = np.arange(T)
+        lo = np.maximum(t - P.window + 1, 0)  # first key of each row
+        w = (t - lo + 1).astype(float)
+
+        def boxed(B):  # sum of B's prefix-summed matrix over K_m x K_n
+            return B[t + 1][:, t + 1] - B[lo][:, t + 1] - B[t + 1][:, lo] + B[lo][:, lo]
+
+        tot = boxed(box)  # sum_{s in K_m, s' in K_n} C[s, s']
+        csum = np.concatenate([[0.0], np.cumsum(qf)])
+        trace = csum[t + 1] - csum[lo]
+        qbar = trace / w
+        with np.errstate(invalid="ignore", divide="ignore"):
+            pbar = np.where(w > 1, (np.diag(tot) - trace) / (w * np.maximum(w - 1.0, 1.0)), qbar)
+        qb = float(P.q_bias)
+        qq = qf + qb
+        if P.rope_theta:  # consecutive keys, w_m of them
+            pbar = pbar * att.rope_rows(T, P.d_head, P.rope_theta, P.rope_fraction)[w.astype(int) - 1]
+        bc = self._qk_normed_beta_c(qbar, pbar, qq) if P.qk_norm != "none" else att.beta_c(qbar, pbar, qq)
+        y2, v = cz.rem_rows(P.beta, bc, lnT, w)
+        g_v, b_v2 = float(P.g_v), float(P.b_v2)
+        gap_v = g_v * np.maximum(qbar - pbar, 0.0)
+        keep = 1.0 - float(P.attn_dropout)
+        shared = np.maximum(np.minimum.outer(t, t) - np.maximum.outer(lo, lo) + 1, 0) / np.multiply.outer(w, w)
+        rho_q = (S.P + qb) / np.sqrt(np.multiply.outer(qq, qq))
+        sv, sy = np.sqrt(v), np.sqrt(y2)
+        yp = np.minimum(np.exp(rho_q * np.multiply.outer(sv, sv)) * shared, np.multiply.outer(sy, sy))
+        out = (yp - shared) * gap_v[np.minimum.outer(t, t)] + (g_v * tot + b_v2 * np.multiply.outer(w, w)) \
+            / np.multiply.outer(w, w)
+        diag = np.diag(out) + (y2 - 1.0 / w) * gap_v - (np.diag(yp) - 1.0 / w) * gap_v \
+            + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
+        out[np.diag_indices(T)] = 0.0
+        O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
+        return O, cz.AttentionRows(y2, bc, O.qf)
+
     def draws(self):
         """(name, shape, std, phase): matrices, then biases (phase 1); a zero bias std draws no bias."""
         P, d = self.P, self.P.d_model
@@ -563,8 +634,8 @@ class Attention:
         s = _bmm(q, k.transpose(0, 1, 3, 2))  # (B, KV, G*T, T)
         s *= s.dtype.type(P.softmax_scale)
         s = s.reshape(B, KV, G, T, T)
-        if P.causal:
-            s += _causal_bias(T, s.dtype)
+        if P.causal or P.window:
+            s += _mask_bias(T, P.causal, P.window, s.dtype)
         s -= s.max(-1, keepdims=True)
         np.exp(s, out=s)
         s /= s.sum(-1, keepdims=True)
@@ -694,7 +765,8 @@ class Attention:
         k = k.transpose(1, 2).repeat_interleave(g, dim=1)
         v = m.v(u).view(B, T, P.kv_heads, P.d_head).transpose(1, 2).repeat_interleave(g, dim=1)
         scores = (q @ k.transpose(-1, -2)) * P.softmax_scale
-        mask = torch.ones(T, T, dtype=torch.bool, device=u.device).tril() if P.causal else None
+        mask = torch.from_numpy(np.isfinite(_mask_bias(T, P.causal, P.window, np.float64))).to(u.device) \
+            if P.causal or P.window else None
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         out = m.attn_drop(scores.softmax(-1)) @ v
@@ -716,14 +788,19 @@ def _torch_rope(x, P: BlockParams):
 
 
 @lru_cache(maxsize=16)
-def _causal_bias_cached(T: int, dtype: str) -> np.ndarray:
-    out = np.zeros((T, T), dtype=dtype)
-    out[np.triu_indices(T, 1)] = -np.inf
-    return out
+def _mask_bias_cached(T: int, causal: bool, window: int, dtype: str) -> np.ndarray:
+    t = np.arange(T)
+    d = t[:, None] - t[None, :]  # query - key
+    keep = (d >= 0) if causal else np.ones((T, T), dtype=bool)
+    if window:
+        keep &= (d < window) if causal else (np.abs(d) <= window // 2)
+    return np.where(keep, 0.0, -np.inf).astype(dtype)
 
 
-def _causal_bias(T: int, dtype: np.dtype) -> np.ndarray:
-    return _causal_bias_cached(T, np.dtype(dtype).str)
+def _mask_bias(T: int, causal: bool, window: int, dtype) -> np.ndarray:
+    """0 where a query sees a key (causal: keys up to it; a sliding window: its last `window`, or within window // 2
+    both ways), -inf elsewhere."""
+    return _mask_bias_cached(T, bool(causal), int(window), np.dtype(dtype).str)
 
 
 def _counts(T: int, dtype: np.dtype) -> np.ndarray:
