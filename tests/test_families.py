@@ -32,6 +32,8 @@ def test_registry_covers_the_test_configs_and_every_rule() -> None:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_attn_dropout_key_is_the_one_read(tmp_path: Path, family: str) -> None:
     c = json.loads((DATA / family / "config.json").read_text()) | {FAMILIES[family].attn_dropout_key: 0.123}
+    if family == "modernbert":  # its attention dropout also drops the branch output: one rate with the MLP's
+        c["mlp_dropout"] = 0.123
     (tmp_path / "config.json").write_text(json.dumps(c))
     assert import_config(tmp_path)[0].attention_dropout == 0.123
     # initadvisor.torch takes the first of ATTN_DROPOUT_KEYS the transformers config has
@@ -42,7 +44,8 @@ def test_attn_dropout_key_is_the_one_read(tmp_path: Path, family: str) -> None:
 
 @pytest.fixture(scope="module")
 def models():
-    """Per family: (config, spec, base model, causal-LM wrapper), eager attention, eval mode."""
+    """Per family: (config, spec, base model, causal-LM (ModernBERT: masked-LM) wrapper), eager attention, eval
+    mode."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -52,7 +55,8 @@ def models():
         torch.manual_seed(0)
         config = transformers.AutoConfig.from_pretrained(DATA / f)
         base = transformers.AutoModel.from_config(config, attn_implementation="eager").eval()
-        lm = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+        auto = transformers.AutoModelForMaskedLM if f == "modernbert" else transformers.AutoModelForCausalLM  # no LM
+        lm = auto.from_config(config, attn_implementation="eager").eval()
         out[f] = config, import_config(DATA / f)[0], base, lm
     return out
 
@@ -106,11 +110,12 @@ def test_rules_match_real_modules_of_the_right_shape(models, family: str) -> Non
             continue
         hits = [n for n in matrices if _first_match(n, fam.rules) == (suffix, role)]
         count = 1 if role == "embedding" else dense if suffix.startswith("mlp.") else spec.layers
+        count = 0 if suffix == "head.dense" else count  # ModernBERT's MLM head: in the masked-LM model only
         assert len(hits) == count, (suffix, hits)
         for n in hits:
             w = matrices[n].weight
             shape = tuple(w.T.shape if type(matrices[n]).__name__ == "Conv1D" else w.shape)
-            want = (2 * d_ff, d) if suffix == "mlp.gate_up_proj" else out_in.get(role)  # Phi-3: [gate | up] rows
+            want = (2 * d_ff, d) if suffix in ("mlp.gate_up_proj", "mlp.Wi") else out_in.get(role)  # fused gate, up
             assert shape[1] == d_emb if role == "embedding" else shape == want, (n, shape)
     # the snippet's full rule list gives every matrix the family's role: no other family's suffix shadows one
     for n in matrices:

@@ -21,7 +21,7 @@ from initadvisor.spec import MATRICES, SpecError, parse_spec
 
 DATA = Path(__file__).parent / "data" / "hf"
 FAMILIES = ("bert", "roberta", "electra", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3",
-            "gemma2", "gemma3_text", "mixtral", "qwen3_moe", "opt", "falcon")
+            "gemma2", "gemma3_text", "mixtral", "qwen3_moe", "opt", "falcon", "modernbert")
 GEMMA = ("gemma2", "gemma3_text")
 BERT_LIKE = ("bert", "roberta", "electra")
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "mixtral", "qwen3_moe")
@@ -84,6 +84,23 @@ def expected(family: str) -> dict:
             used={"n_layer", "n_embd", "n_head", "n_inner", "activation_function", "n_positions", "vocab_size",
                   "add_cross_attention", "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "initializer_range",
                   "resid_pdrop", "embd_pdrop", "attn_pdrop", "model_type", "tie_word_embeddings", "layer_norm_epsilon"},
+        )
+    if family == "modernbert":  # bidirectional pre-LN, embedding norm, GeGLU, truncated init, depth-scaled outputs
+        r, L = c["initializer_range"], c["num_hidden_layers"]
+        trunc = 0.8796256610342398  # the std of N(0, 1) truncated at +-2 (initializer_cutoff_factor)
+        return dict(
+            layers=L, d_model=c["hidden_size"], heads=c["num_attention_heads"], kv_heads=c["num_attention_heads"],
+            d_ff=c["intermediate_size"], activation="geglu", norm="pre", norm_type="layernorm", embedding_norm=True,
+            causal=False, parallel_residual=False, seq_len=c["max_position_embeddings"], vocab=c["vocab_size"],
+            embeddings=("token",), dropout=0.0, attention_dropout=0.0,
+            std={**{m: trunc * r for m in MATRICES}, "o": trunc * r / math.sqrt(2 * L),
+                 "ff_out": trunc * r / math.sqrt(2 * L)},
+            softmax_scale=1 / math.sqrt(c["hidden_size"] // c["num_attention_heads"]), final_norm=True,
+            tie_embeddings=c["tie_word_embeddings"], head_transform=True,
+            used={"num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "hidden_activation",
+                  "max_position_embeddings", "vocab_size", "mlp_dropout", "attention_dropout", "local_attention",
+                  "layer_types", "initializer_cutoff_factor", "initializer_range", "model_type",
+                  "tie_word_embeddings", "norm_eps", "embedding_dropout", "rope_parameters"},
         )
     if family == "falcon":  # parallel attention and MLP on one norm, multi-query (one K/V head), GeLU, rotary
         return dict(
@@ -169,14 +186,16 @@ def test_mapping_field_by_field(family: str) -> None:
     assert spec.embedding_scale == (math.sqrt(spec.d_model) if family in GEMMA else 1.0)
     assert spec.qk_norm == {"qwen3": "head", "qwen3_moe": "head", "olmo2": "all", "gemma3_text": "head"}.get(family,
                                                                                                       "none")
-    eps_key = next((k for k in ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps") if k in raw(family)), None)
+    eps_key = next((k for k in ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps", "norm_eps") if k in raw(family)),
+                   None)
     if eps_key is None:  # OPT's nn.LayerNorm keeps its default eps
         assert family == "opt" and spec.norm_eps == 1e-5
     else:
         assert spec.norm_eps == raw(family)[eps_key] and exp["used"] >= {eps_key}
     # an untied head is an nn.Linear drawn like the rest (initializer_range), a tied one is the token embedding
     assert (spec.head is None) == spec.tie_embeddings
-    assert spec.head_init.std == pytest.approx(raw(family).get("initializer_range", raw(family).get("init_std")),
+    assert spec.head_init.std == pytest.approx(exp["std"]["embedding"] if spec.tie_embeddings else
+                                               raw(family).get("initializer_range", raw(family).get("init_std")),
                                                rel=1e-12)
     assert spec.head_init.bias_std == 0.0
     assert spec.attention == "softmax" and spec.out_proj
@@ -187,7 +206,7 @@ def test_mapping_field_by_field(family: str) -> None:
     assert spec.name == family  # no _name_or_path in these files
     assert spec.source == str(cfg_path(family))
     # every field is either used or listed once as ignored (rotary families: the rotary embedding's parameters)
-    rotary = {"rope_parameters"} if family in ("gpt_neox", *LLAMA_LIKE, *GEMMA, "falcon") else set()
+    rotary = {"rope_parameters"} if family in ("gpt_neox", *LLAMA_LIKE, *GEMMA, "falcon", "modernbert") else set()
     assert ignored_fields(notes) == set(raw(family)) - exp["used"] - rotary
 
 
@@ -249,7 +268,7 @@ def test_sliding_window_mapping() -> None:
 def test_family_notes() -> None:
     notes = {f: import_config(cfg_path(f))[1] for f in FAMILIES}
     joined = {f: "\n".join(n) for f, n in notes.items()}
-    for f in ("gpt_neox", *LLAMA_LIKE, *GEMMA, "falcon"):  # the rotary embedding's base and share, read
+    for f in ("gpt_neox", *LLAMA_LIKE, *GEMMA, "falcon", "modernbert"):  # the rotary embedding's base and share
         spec, rp = import_config(cfg_path(f))[0], raw(f)["rope_parameters"]
         rp = rp.get("sliding_attention", rp)  # Gemma 3: a base per layer type, the sliding layers' taken
         assert (spec.rope_theta, spec.rotary_fraction) == (rp["rope_theta"], rp.get("partial_rotary_factor", 1.0))
@@ -425,6 +444,8 @@ PARAMS["phi3"] = {"qkv": ["qkv_proj."], "o": ["o_proj."], "ff_in": ["gate_up_pro
                   "embedding": ["embed_tokens."]}
 PARAMS["falcon"] = {"qkv": ["query_key_value."], "o": ["self_attention.dense."], "ff_in": ["dense_h_to_4h."],
                     "ff_out": ["dense_4h_to_h."], "embedding": ["word_embeddings."]}
+PARAMS["modernbert"] = {"qkv": ["attn.Wqkv."], "o": ["attn.Wo."], "ff_in": ["mlp.Wi."], "ff_out": ["mlp.Wo."],
+                        "embedding": ["tok_embeddings."]}
 PARAMS["opt"] = {"q": ["q_proj."], "k": ["k_proj."], "v": ["v_proj."], "o": ["out_proj."], "ff_in": ["fc1."],
                  "ff_out": ["fc2."], "embedding": ["embed_tokens.", "embed_positions."]}
 for _f in ("mixtral", "qwen3_moe"):  # the experts: 3-D parameters (experts, out, in); the router: mlp.gate
@@ -469,7 +490,7 @@ def test_init_matches_real_model(models, family: str) -> None:
     if family == "gpt2":  # the depth-scaled c_proj really is 1/sqrt(2 n_layer) of the rest
         assert spec.init["o"].std == pytest.approx(spec.init["q"].std / math.sqrt(2 * spec.layers))
     biases = {n: p for n, p in params.items() if n.endswith("bias")}
-    if family not in ("llama", "mistral", "qwen3", "olmo2", "phi3", "mixtral", "qwen3_moe", *GEMMA):  # no biases
+    if family not in ("llama", "mistral", "qwen3", "olmo2", "phi3", "mixtral", "qwen3_moe", "modernbert", *GEMMA):
         assert biases
     for n, b in biases.items():
         assert torch.count_nonzero(b) == 0, n  # bias_std 0 everywhere

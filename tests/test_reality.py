@@ -89,6 +89,10 @@ def _config(family: str):
         return t.OPTConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
                            ffn_dim=4 * D, max_position_embeddings=T, word_embed_proj_dim=D, bos_token_id=0,
                            eos_token_id=0, pad_token_id=1)
+    if family == "modernbert":  # bidirectional, local attention T / 4 in two of three layers, GeGLU, truncated init
+        return t.ModernBertConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
+                                  intermediate_size=3 * D // 2, max_position_embeddings=T, local_attention=T // 4,
+                                  pad_token_id=0, eos_token_id=1, bos_token_id=2, cls_token_id=2, sep_token_id=1)
     if family == "mistral_window":  # Mistral's sliding window at T / 8 in every layer
         return t.MistralConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
                                num_key_value_heads=2, intermediate_size=688, max_position_embeddings=T,
@@ -108,7 +112,7 @@ def _config(family: str):
 
 FAMILIES = ("bert", "gpt2", "gpt_neox", "llama", "qwen3", "olmo2", "phi3", "gemma2", "gemma3_text", "mixtral",
             "qwen3_moe", "opt", "opt_post_ln", "falcon", "falcon_40b", "mistral_window", "gemma2_window",
-            "gemma3_window")
+            "gemma3_window", "modernbert")
 _CACHE: dict[str, dict] = {}
 
 
@@ -338,6 +342,12 @@ def test_sliding_window_attention(result, family):
     five in six): each row averages fewer keys, so tokens stay apart (Mistral: rho 0.36 where full attention
     gives 0.87)."""
     _assert_q_rho(result(family))
+
+
+def test_modernbert_local_global_encoder(result):
+    """Bidirectional windows (|m - s| <= T / 8) in two of three layers, truncated init (0.88 x 0.02), depth-scaled
+    output projections: the branches stay small at init, the stream close to its normed embeddings."""
+    _assert_q_rho(result("modernbert"), late=False)
 
 
 def test_mixtral_experts(result):

@@ -91,8 +91,11 @@ CAUSAL_CELLS = 10**7  # the position-resolved engine keeps (layers + 1) x T arra
 
 
 def causal_trace(stack: Stack):
-    """The position-resolved prediction for causal models (None otherwise, or beyond CAUSAL_CELLS)."""
-    if not stack.layers[0].causal or not resolvable(stack):
+    """The position-resolved prediction for causal models and for bidirectional ones with sliding windows (None
+    otherwise, or beyond CAUSAL_CELLS / WINDOW_CELLS)."""
+    T = stack.embeddings.seq_len
+    windowed = any(P.window and P.window < T for P in stack.layers)
+    if not (stack.layers[0].causal or windowed) or not resolvable(stack):
         return None
     return propagate_causal(stack)
 
@@ -127,7 +130,7 @@ def notes(spec) -> list[str]:
 
 def causal_summary(spec, ct) -> dict | None:
     """Early/middle/late rho per layer and paper 003's per-position attention variance at block 1."""
-    if ct is None:
+    if ct is None or not spec.causal:
         return None
     T = spec.seq_len
     pos = sorted({int(m) for m in np.round(np.geomspace(1, T, 12))})

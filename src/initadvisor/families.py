@@ -316,6 +316,61 @@ def _gpt_neox(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     }
 
 
+def _truncated_std(std: float, cutoff: float) -> float:
+    """The std of N(0, std^2) truncated at +-cutoff std (torch.nn.init.trunc_normal_'s draw)."""
+    z = 2.0 * 0.5 * (1.0 + math.erf(cutoff / math.sqrt(2.0))) - 1.0  # P(|x| < cutoff)
+    return std * math.sqrt(1.0 - 2.0 * cutoff * math.exp(-0.5 * cutoff * cutoff) / math.sqrt(2 * math.pi) / z)
+
+
+def _modernbert(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
+    """ModernBERT: a bidirectional pre-LN encoder (embedding LayerNorm, block 0's attention norm the identity on an
+    already normed input), fused Wqkv, GeGLU, no biases, local attention (|m - s| <= local_attention // 2) in the
+    layers layer_types calls sliding (else every third layer global), rotary; weights truncated normal at
+    +-initializer_cutoff_factor std, the output projections at initializer_range / sqrt(2 L)."""
+    g = cfg.get
+    layers, d, heads, d_ff = _shape(cfg)
+    act = _activation(cfg, "hidden_activation", "gelu", True, notes)
+    length = _seq(cfg, "max_position_embeddings")
+    vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
+    # attention_dropout drops the probabilities and the attention branch's output, mlp_dropout the MLP's hidden units
+    # (the same second moments as its output): one residual rate when they agree
+    attn_drop = g("attention_dropout", "prob", 0.0, spec_key="attention_dropout")
+    drop = g("mlp_dropout", "prob", 0.0, spec_key="dropout")
+    if attn_drop != drop:
+        raise cfg.error(f"the attention branch's output dropout ({attn_drop:g}) and the MLP's ({drop:g}) differ: one "
+                        "rate is modelled", "mlp_dropout")
+    local = g("local_attention", "posint", 128, spec_key="model.sliding_window")
+    types = cfg.raw.get("layer_types")
+    if isinstance(types, list) and len(types) == layers:
+        cfg.used.add("layer_types")
+        blocks = [i + 1 for i, t in enumerate(types) if t == "sliding_attention"]
+    else:
+        every = g("global_attn_every_n_layers", "posint", 3)
+        blocks = [i + 1 for i in range(layers) if i % every]
+    rope = _rotary(cfg, notes)
+    cutoff = g("initializer_cutoff_factor", "float", 2.0, spec_key="init.std") or 3.0
+    r = _init_std(cfg, notes)
+    std, out = _truncated_std(r, cutoff), _truncated_std(r / math.sqrt(2 * layers), cutoff)
+    notes.append(f"weights truncated at +-{cutoff:g} std: their std is {std / r:.4f} x the nominal one; output "
+                 f"projections (attention, MLP) at initializer_range / sqrt(2 L) = {r / math.sqrt(2 * layers):.6g}")
+    head = _head(cfg, True, True, True)  # final_norm, then the MLM head (dense, activation, LayerNorm, decoder)
+    model = {"layers": layers, "d_model": d, "heads": heads, "kv_heads": heads, "d_ff": d_ff, "norm": "pre",
+             "norm_type": "layernorm", "attention": "softmax", "out_proj": True, "causal": False, "activation": act,
+             "embedding_norm": True, "parallel_residual": False, **head, **rope,
+             "norm_eps": _eps(cfg, "norm_eps", 1e-5)}
+    if blocks:
+        model["sliding_window"] = local
+        if len(blocks) < layers:
+            model["window_blocks"] = blocks
+    return {
+        "model": model,
+        "sequence": {"length": length, "vocab": vocab, "embeddings": ["token"]},
+        "dropout": drop, "embedding_dropout": g("embedding_dropout", "prob", 0.0, spec_key="embedding_dropout"),
+        "attention_dropout": attn_drop,
+        "init": _init(std, head["tie_embeddings"], o=out, ff_out=out),
+    }
+
+
 def _falcon(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     """Falcon: one input LayerNorm shared by attention and MLP in parallel (h + attn(N h) + mlp(N h); the new
     decoder architecture's two norms are equal at init), multi-query (one K/V head) or num_kv_heads, GeLU,
@@ -581,6 +636,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("mixtral", _llama_like, ("layers", "model.layers"), _LLAMA_ATTENTION_RULES + _EXPERT_RULES,
            "attention_dropout"),
     Family("qwen3_moe", _llama_like, ("layers", "model.layers"), _LLAMA_RULES + _EXPERT_RULES, "attention_dropout"),
+    Family("modernbert", _modernbert, ("layers", "model.layers"),
+           _rules("attn.Wqkv", "attn.Wo", "mlp.Wi", "mlp.Wo", "tok_embeddings", "head.dense"), "attention_dropout"),
     Family("falcon", _falcon, ("h", "transformer.h"),
            _rules("attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h",
                   "word_embeddings"), "attention_dropout"),

@@ -4,8 +4,8 @@ The snippet is for people to paste; initadvisor never executes it. Its loop is `
 own source: `initadvisor.torch.apply` calls the same function with the numbers (`numbers(spec)`) and `RULES`,
 so a recommendation JSON can never run code and the paste and `apply` cannot drift apart. Module names
 covered: HuggingFace BERT/RoBERTa/ELECTRA, GPT-2, GPT-NeoX, the Llama family (Mistral, Qwen2/3, OLMo 2, Phi-3,
-Gemma 2/3, the experts of Mixtral and Qwen3-MoE; their routers are left to the model), OPT, Falcon, and
-nanoGPT.
+Gemma 2/3, the experts of Mixtral and Qwen3-MoE; their routers are left to the model), OPT, Falcon, ModernBERT,
+and nanoGPT.
 The rules live here, not in `initadvisor.families`, because the snippet prints them and must not import
 initadvisor; each registry entry there names the rules its family's modules match.
 """
@@ -20,6 +20,8 @@ _RULES_TEXT = """[
     ("attention.output.dense", "o"), ("intermediate.dense", "ff_in"), ("output.dense", "ff_out"),
     ("self_attn.q_proj", "q"), ("self_attn.k_proj", "k"), ("self_attn.v_proj", "v"), ("self_attn.o_proj", "o"),
     ("self_attn.out_proj", "o"), ("fc1", "ff_in"), ("fc2", "ff_out"), ("embed_positions", "embedding"),
+    ("attn.Wqkv", "qkv"), ("attn.Wo", "o"), ("mlp.Wi", "ff_in"), ("mlp.Wo", "ff_out"), ("tok_embeddings", "embedding"),
+    ("head.dense", "o"),
     ("mlp.gate_proj", "ff_in"), ("mlp.up_proj", "ff_in"), ("mlp.down_proj", "ff_out"),
     ("self_attn.qkv_proj", "qkv"), ("mlp.gate_up_proj", "ff_in"),
     ("mlp.experts.gate_up_proj", "ff_in"), ("mlp.experts.down_proj", "ff_out"),

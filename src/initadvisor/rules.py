@@ -89,7 +89,9 @@ def example(overrides: dict, base: dict | None = None) -> dict:
 
 def _rho(spec, a):
     """rho per layer; for causal models the late third of positions, where collapse sets in first (001 C.6)."""
-    return a.trace.rho if a.ct is None else a.ct.rho_thirds[:, 2]
+    if a.ct is None:
+        return a.trace.rho
+    return a.ct.rho_thirds[:, 2] if spec.causal else a.ct.rho_mean  # bidirectional windows: all pairs
 
 
 def _collapse_at(spec, a) -> int | None:
@@ -282,7 +284,7 @@ def initial_loss(spec, a) -> list[Finding]:
 
 
 def causal_positions(spec, a) -> list[Finding]:
-    if a.ct is None:
+    if a.ct is None or not spec.causal:
         return []
     e, m, late = a.ct.rho_thirds[-1]
     return [finding("IA901", f"causal attention, position-resolved: final rho {show(e, '.3f')} / "

@@ -127,6 +127,7 @@ def propagate_causal(stack: Stack, keep_overlap: bool = False):
 
     q0, p0 = stack.embeddings.moments()
     T = stack.embeddings.seq_len
-    windowed = any(P.window and P.window < T for P in stack.layers)  # sliding windows: every position its own group
+    # sliding windows, bidirectional attention: every position its own group
+    windowed = any(P.window and P.window < T for P in stack.layers) or not stack.layers[0].causal
     return propagate_overlaps(stack.blocks, q0, p0, T, keep_overlap=keep_overlap,
                               **({"single": T} if windowed else {}))

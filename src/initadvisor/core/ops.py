@@ -500,7 +500,7 @@ class Attention:
     def causal(self, G, S):
         """Row m attends to keys 1..m: a REM at m keys (causal.py's module docstring derives each term)."""
         P = self.P
-        if P.window and P.window < G.T:
+        if (P.window and P.window < G.T) or not P.causal:
             return self._causal_window(G, S)
         lnT = math.log(P.seq_len) if np.isfinite(P.seq_len) else math.log(G.T)
         qf, Pm = S.qf, S.P
@@ -564,12 +564,13 @@ class Attention:
         return O, cz.AttentionRows(y2, bc, O.qf)
 
     def _causal_window(self, G, S):
-        """Row m attends to its keys K_m = [m - window + 1, m] (w_m of them), at full resolution (every position its
-        own group, causal.propagate_overlaps(single=T)): the same terms as `causal` with box sums of the overlap
-        matrix over K_m x K_n in place of prefix sums, and the shared keys |K_m & K_n| in place of min(m, n)."""
+        """Row m attends to the keys K_m = [lo_m, hi_m] (w_m of them): [m - window + 1, m] causal, within window // 2
+        both ways (or all keys) bidirectional; at full resolution (every position its own group,
+        causal.propagate_overlaps(single=T)): the terms of `causal` with box sums of the overlap matrix over
+        K_m x K_n in place of prefix sums, and the shared keys |K_m & K_n| in place of min(m, n)."""
         P, T = self.P, G.T
         if not G.single.all():
-            raise ValueError("sliding-window rows need the full-resolution causal state (single=T)")
+            raise ValueError("windowed or bidirectional rows need the full-resolution state (single=T)")
         lnT = math.log(P.seq_len) if np.isfinite(P.seq_len) else math.log(T)
         qf = S.qf
         C = S.P.copy()
@@ -577,15 +578,19 @@ class Attention:
         box = np.zeros((T + 1, T + 1))
         np.cumsum(np.cumsum(C, axis=0), axis=1, out=box[1:, 1:])
         t = np.arange(T)
-        lo = np.maximum(t - P.window + 1, 0)  # first key of each row
-        w = (t - lo + 1).astype(float)
+        if P.causal:
+            lo, hi = np.maximum(t - P.window + 1, 0), t
+        else:
+            half = P.window // 2 if P.window else T
+            lo, hi = np.maximum(t - half, 0), np.minimum(t + half, T - 1)
+        w = (hi - lo + 1).astype(float)
 
         def boxed(B):  # sum of B's prefix-summed matrix over K_m x K_n
-            return B[t + 1][:, t + 1] - B[lo][:, t + 1] - B[t + 1][:, lo] + B[lo][:, lo]
+            return B[hi + 1][:, hi + 1] - B[lo][:, hi + 1] - B[hi + 1][:, lo] + B[lo][:, lo]
 
         tot = boxed(box)  # sum_{s in K_m, s' in K_n} C[s, s']
         csum = np.concatenate([[0.0], np.cumsum(qf)])
-        trace = csum[t + 1] - csum[lo]
+        trace = csum[hi + 1] - csum[lo]
         qbar = trace / w
         with np.errstate(invalid="ignore", divide="ignore"):
             pbar = np.where(w > 1, (np.diag(tot) - trace) / (w * np.maximum(w - 1.0, 1.0)), qbar)
@@ -598,12 +603,12 @@ class Attention:
         g_v, b_v2 = float(P.g_v), float(P.b_v2)
         gap_v = g_v * np.maximum(qbar - pbar, 0.0)
         keep = 1.0 - float(P.attn_dropout)
-        shared = np.maximum(np.minimum.outer(t, t) - np.maximum.outer(lo, lo) + 1, 0) / np.multiply.outer(w, w)
+        shared = np.maximum(np.minimum.outer(hi, hi) - np.maximum.outer(lo, lo) + 1, 0) / np.multiply.outer(w, w)
         rho_q = (S.P + qb) / np.sqrt(np.multiply.outer(qq, qq))
         sv, sy = np.sqrt(v), np.sqrt(y2)
         yp = np.minimum(np.exp(rho_q * np.multiply.outer(sv, sv)) * shared, np.multiply.outer(sy, sy))
-        out = (yp - shared) * gap_v[np.minimum.outer(t, t)] + (g_v * tot + b_v2 * np.multiply.outer(w, w)) \
-            / np.multiply.outer(w, w)
+        gap_mn = gap_v[np.minimum.outer(t, t)] if P.causal else 0.5 * np.add.outer(gap_v, gap_v)
+        out = (yp - shared) * gap_mn + (g_v * tot + b_v2 * np.multiply.outer(w, w)) / np.multiply.outer(w, w)
         diag = np.diag(out) + (y2 - 1.0 / w) * gap_v - (np.diag(yp) - 1.0 / w) * gap_v \
             + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
         out[np.diag_indices(T)] = 0.0
