@@ -98,6 +98,6 @@ def run_spec(spec, **fields) -> Trace:
 
 
 def run_causal(spec, keep_overlap: bool = False, **fields):
-    """Position-resolved forward prediction of a spec (meant for `causal: true`; runs for any spec, treating
-    attention as causal). Keyword fields replace BlockParams fields (scalars only)."""
+    """Position-resolved forward prediction of a spec (causal rows on position groups; bidirectional and windowed
+    rows at full resolution, T x T). Keyword fields replace BlockParams fields (scalars only)."""
     return propagate_causal(from_spec(spec, **fields), keep_overlap=keep_overlap)

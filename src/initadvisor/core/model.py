@@ -122,7 +122,8 @@ def _stack(xs: list, shape: tuple) -> np.ndarray:
 
 
 def propagate_causal(stack: Stack, keep_overlap: bool = False):
-    """Position-resolved forward prediction (causal.py), attention taken as causal whatever the flag says."""
+    """Position-resolved forward prediction (causal.py); causal rows on position groups, sliding windows and
+    bidirectional rows at full resolution (every position its own group)."""
     from initadvisor.core.causal import propagate_overlaps
 
     q0, p0 = stack.embeddings.moments()
