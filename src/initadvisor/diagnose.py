@@ -44,8 +44,10 @@ def qk_laws(stack: Stack, trace: Trace) -> tuple[np.ndarray, np.ndarray]:
 
 
 def width(stack: Stack, trace: Trace) -> dict | None:
-    """Paper 002 at block 1: spectral gap of the attention matrix and stable rank of its output vs T."""
-    if stack.layers[0].centered:
+    """Paper 002 at block 1: spectral gap of the attention matrix and stable rank of its output vs T (full
+    attention: none for centered attention or a sliding window at block 1)."""
+    P0 = stack.layers[0]
+    if P0.centered or (P0.window and P0.window < stack.embeddings.seq_len):
         return None
     from initadvisor.core.spectral import attention_spectrum, stable_rank_attention_output, width_collapse
 
