@@ -95,9 +95,7 @@ CAUSAL_CELLS = 10**7  # the position-resolved engine keeps (layers + 1) x T arra
 def causal_trace(stack: Stack):
     """The position-resolved prediction for causal models and for bidirectional ones with sliding windows (None
     otherwise, or beyond CAUSAL_CELLS / WINDOW_CELLS)."""
-    T = stack.embeddings.seq_len
-    windowed = any(P.window and P.window < T for P in stack.layers)
-    if not (stack.layers[0].causal or windowed) or not resolvable(stack):
+    if not (stack.layers[0].causal or stack.windowed) or not resolvable(stack):
         return None
     return propagate_causal(stack)
 
@@ -107,8 +105,7 @@ WINDOW_CELLS = 2 * 10**7  # sliding-window rows run at full resolution: (layers 
 
 def resolvable(stack: Stack) -> bool:
     T, L = stack.embeddings.seq_len, len(stack.layers)
-    windowed = any(P.window and P.window < T for P in stack.layers)
-    return fits(L, T) and (not windowed or (L + 1) * T * T <= WINDOW_CELLS)
+    return fits(L, T) and (not stack.windowed or (L + 1) * T * T <= WINDOW_CELLS)
 
 
 def fits(layers: int, seq_len: int) -> bool:
@@ -122,9 +119,9 @@ def notes(spec) -> list[str]:
         return [f"causal: (layers + 1) x T = {(spec.layers + 1) * spec.seq_len:.3g} exceeds {CAUSAL_CELLS:.0e} "
                 "positions x layers: the position-resolved prediction is skipped, rows use the late-token pair"]
     T = spec.seq_len
-    if spec.causal and spec.sliding_window and spec.sliding_window < T and (spec.layers + 1) * T * T > WINDOW_CELLS:
+    if spec.sliding_window and spec.sliding_window < T and (spec.layers + 1) * T * T > WINDOW_CELLS:
         most = int((WINDOW_CELLS / (spec.layers + 1)) ** 0.5)
-        return [f"causal: sliding-window rows are resolved per position up to (layers + 1) x T^2 = {WINDOW_CELLS:.0e} "
+        return [f"sliding window: its rows are resolved per position up to (layers + 1) x T^2 = {WINDOW_CELLS:.0e} "
                 f"(here T = {T}; --seq-len {most} fits): the position-resolved prediction is skipped, and the "
                 "late-token pair (a REM at W keys) overstates rho"]
     return []

@@ -357,7 +357,8 @@ RULES: dict[str, Rule] = {r.code: r for r in [
     ),
     Rule(
         code="IA105", name="router-shrinks-branch", severity="warning", title="The router shrinks the MLP branch",
-        threshold_key="router_shrink", criterion="routing.shrink = top_k x sum_j w_j^2 < router_shrink (first MoE block)",
+        threshold_key="router_shrink",
+        criterion="routing.shrink = top_k x sum_j w_j^2 < router_shrink (first MoE block)",
         keys=("moe.normalize", "moe.scale", "moe.top_k", "moe.experts", "moe"), check=router_shrink,
         meaning="A mixture-of-experts branch is sum_j w_j f_j over each token's top k experts: its second moment is "
                 "sum_j w_j^2 times one expert's. Renormalised top-k weights give about 1/k; the full softmax's "
@@ -377,8 +378,8 @@ RULES: dict[str, Rule] = {r.code: r for r in [
         keys=("residual.depth_alpha", "residual", "init.o", "init.ff_out"), check=double_depth_scaling,
         meaning="Two depth corrections for the same thing: an output-projection init shrunk with depth (GPT-2's "
                 "1/sqrt(2N), Megatron's 1/sqrt(2L)) and a branch multiplier that shrinks with depth (depth-muP's "
-                "1/sqrt(L), CompleteP's 1/L, or a residual block scale). Each alone keeps the stream's growth O(1) over "
-                "depth; together the branches add a vanishing share: the blocks start as near-identities and their "
+                "1/sqrt(L), CompleteP's 1/L, or a residual block scale). Each alone keeps the stream's growth O(1) "
+                "over depth; together the branches add a vanishing share: the blocks start as near-identities and their "
                 "gradients are scaled down with them.",
         formula="branch second moment x (std_out / std_in)^2 x (block L^-alpha)^2, e.g. 1/(2L) x 1/L^2",
         source="Radford et al. 2019 (GPT-2), sec. 2.3; Bordelon et al. 2024 / Yang et al. 2024 (depth-muP); Dey et "

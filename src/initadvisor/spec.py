@@ -105,7 +105,7 @@ class Spec:
     layernorm_scaling: bool = False  # the norm before each branch of block l times 1 / sqrt(l) (Sun et al. 2025)
     rope_theta: float | None = None  # rotary position embedding's base; None: no rotary embedding
     rotary_fraction: float = 1.0  # the share of each head's coordinates it turns
-    sliding_window: int | None = None  # keys per row in a local attention layer (causal: the last W; else |m - s| <= W//2)
+    sliding_window: int | None = None  # a local layer's keys per row: causal the last W, else |m - s| <= W // 2
     window_blocks: tuple[int, ...] | None = None  # blocks (from 1) with the window; None: all
     source: str | None = field(default=None, compare=False)
     notes: tuple[str, ...] = field(default=(), compare=False)  # what an import could not model

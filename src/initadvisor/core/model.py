@@ -29,6 +29,12 @@ class Stack:
         """Each layer's operations (`ops.block`), built once; a layer repeated by identity shares them."""
         return _once(self.layers, block)
 
+    @cached_property
+    def windowed(self) -> bool:
+        """Some layer attends through a sliding window shorter than the sequence."""
+        T = self.embeddings.seq_len
+        return any(P.window and P.window < T for P in self.layers)
+
     def replace(self, **fields) -> "Stack":
         """The same stack with BlockParams fields replaced at every layer (numpy arrays allowed: a grid)."""
         if not fields:
@@ -128,7 +134,5 @@ def propagate_causal(stack: Stack, keep_overlap: bool = False):
 
     q0, p0 = stack.embeddings.moments()
     T = stack.embeddings.seq_len
-    # sliding windows, bidirectional attention: every position its own group
-    windowed = any(P.window and P.window < T for P in stack.layers) or not stack.layers[0].causal
-    return propagate_overlaps(stack.blocks, q0, p0, T, keep_overlap=keep_overlap,
-                              **({"single": T} if windowed else {}))
+    full = stack.windowed or not stack.layers[0].causal  # sliding windows, bidirectional rows: position by position
+    return propagate_overlaps(stack.blocks, q0, p0, T, keep_overlap=keep_overlap, **({"single": T} if full else {}))

@@ -68,8 +68,8 @@ class BlockParams:
     norm_eps: float = 0.0  # every norm's epsilon
     norm_gain: object = 1.0  # the gain of the norms before the branches (LayerNorm-Scaling: 1 / sqrt(layer))
     rope_theta: float = 0.0  # rotary position embedding's base (0: none) on a fraction of each head's coordinates
-    window: int = 0  # sliding-window attention: keys m - window + 1..m (causal) or |m - s| <= window // 2; 0: all
     rope_fraction: float = 1.0
+    window: int = 0  # sliding-window attention: keys m - window + 1..m (causal) or |m - s| <= window // 2; 0: all
     norm: str = "post"  # post | pre | sandwich (norm before and after each branch) | reordered (after only) | none
     qk_norm: str = "none"  # none | head | all: queries and keys normalised (norm_type, unit gain) before the scores
     centered: bool = False
@@ -450,8 +450,8 @@ class Attention:
     P: BlockParams
 
     def _kappa(self, m):
-        """The share of the tokens' common component that keys (and two rows' queries) keep under the rotary
-        embedding, at m keys (attention.rope_coherence); 1 without one."""
+        """The share of the tokens' common component that a row's m keys keep under the rotary embedding
+        (attention.rope_coherence); 1 without one."""
         P = self.P
         return att.rope_kappa(m, P.d_head, P.rope_theta, P.rope_fraction) if P.rope_theta else 1.0
 
