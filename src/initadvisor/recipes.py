@@ -111,10 +111,14 @@ def beta_recommendation(spec: Spec, first: Trace | None = None) -> tuple[float, 
     """beta = BETA_MARGIN x min_l beta_c,l / 2, with beta_c at the geometry that beta itself produces;
     `first`: the spec's own trace (the fixed point's first step), when already run."""
     beta, t = float(spec_beta(spec)), first
-    for i in range(3):  # fixed point: beta_c depends weakly on beta through the IPR
+    for i in range(3):  # fixed point: beta_c depends weakly on beta through the IPR (in the uniform phase not at all)
         if i or t is None:
             t = propagate(from_spec(spec, beta=beta), backward=False)
-        beta = BETA_MARGIN * float(t.beta_c.min()) / 2
+        new = BETA_MARGIN * float(t.beta_c.min()) / 2
+        converged = i and abs(new - beta) <= 1e-13 * beta  # a further step would change nothing reported
+        beta = new
+        if converged:
+            break
     return beta, t.beta_c
 
 

@@ -97,6 +97,10 @@ def participation(beta, bc, rho, T):
     """(Y2, Yp, Y3): IPR of an attention row, cross-row overlap, third participation ratio."""
     x = np.divide(beta, bc)
     loc = np.maximum(1.0 - 1.0 / np.maximum(x, 1e-300), 0.0)  # 001 eq. 12
+    if np.ndim(T) == 0 and math.isfinite(T):  # one finite T (every stack's case): the laws below without stand-ins
+        v = 2.0 * np.minimum(x, 0.5) ** 2 * math.log(T)
+        y2 = np.maximum(np.exp(v) / T, loc)
+        return y2, np.minimum(y2, np.exp(rho * v) / T), np.maximum(np.exp(3.0 * v) / T**2, _y3_localized(x))
     inf = np.isinf(T)
     if np.all(inf):
         return loc, np.zeros_like(loc), _y3_localized(x)

@@ -80,23 +80,23 @@ def propagate(stack: Stack, backward: bool = True) -> Trace:
     q, p = np.asarray(q0, dtype=float), np.asarray(p0, dtype=float)
     blocks = stack.blocks
     qs, ps, caches = [q], [p], []
-    for ops in blocks:
-        with np.errstate(over="ignore", invalid="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):
+        for ops in blocks:
             q, p, cache = moments_forward(ops, q, p)
-        q, p = _clamp(q, p, 1.0 / HUGE)
-        qs.append(q)
-        ps.append(p)
-        caches.append(cache)
+            q, p = _clamp(q, p, 1.0 / HUGE)
+            qs.append(q)
+            ps.append(p)
+            caches.append(cache)
     shape = np.broadcast_shapes(*(np.shape(x) for x in qs))
     gq, gp = np.ones(shape), np.zeros(shape)
     gqs, gps = [gq], [gp]
     if backward:
-        for ops, cache in zip(reversed(blocks), reversed(caches)):
-            with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):
+            for ops, cache in zip(reversed(blocks), reversed(caches)):
                 gq, gp = moments_backward(ops, gq, gp, cache)
-            gq, gp = _clamp(gq, gp, 0.0)
-            gqs.append(gq)
-            gps.append(gp)
+                gq, gp = _clamp(gq, gp, 0.0)
+                gqs.append(gq)
+                gps.append(gp)
     gqs, gps = _stack(gqs[::-1], shape), _stack(gps[::-1], shape)
 
     atts = [find(ops, c, Attention) for ops, c in zip(blocks, caches)]
@@ -119,8 +119,12 @@ def _clamp(q, p, floor: float):
 
 def _stack(xs: list, shape: tuple) -> np.ndarray:
     """Stack per-layer values into (n, *shape), broadcasting only when a value's shape differs."""
-    if all(np.shape(x) == shape for x in xs):
-        return np.array(xs, dtype=float)
+    try:
+        out = np.array(xs, dtype=float)
+        if out.shape[1:] == shape:
+            return out
+    except ValueError:  # ragged: some values broadcast
+        pass
     out = np.empty((len(xs), *shape))
     for i, x in enumerate(xs):
         out[i] = x
