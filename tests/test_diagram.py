@@ -113,9 +113,10 @@ def test_json_layout_non_square_and_transpose():
     for key in ("max_rho", "final_rho", "max_beta_ratio"):
         assert np.shape(res[key]) == (len(ys), len(xs))
     ph = np.array(res["phase"])
-    small = np.array(xs) < 1.4
+    small, large = np.array(xs) < 1.1, np.array(xs) > 1.42  # beta_c 1.42 at block 1; the crossover between
+    assert small.sum() == 5 and large.sum() == 3
     assert (ph[0, small] == "trainable").all() and (ph[-1, small] == "rank_collapse").all()
-    assert (ph[:, ~small] == "entropy_collapse").all()
+    assert (ph[:, large] == "entropy_collapse").all()
     assert res["spec_point"] == {"x": pytest.approx(res["spec_point"]["x"]), "y": 60}
     t = diagram(spec, x="depth", y="beta", grid=9, x_range=(40, 44), y_range=(0.1, 2.0))
     assert t["x"]["values"] == ys and t["y"]["values"] == xs

@@ -106,7 +106,7 @@ def test_backward_column_moments_match_explicit_matrices(seed, rate, centered):
 def test_causal_backward_uniform_attention_closed_form(T):
     """beta = 0 causal attention is exactly A_ts = 1/t (s <= t); its column moments by explicit matrix.
 
-    Kills: the causal rescaling d_row * T * (H_T / T) dropped in mix_backward."""
+    Kills: the causal rescaling of d_row (H_T here) dropped in mix_backward or causal_column_scale."""
     t = np.arange(1, T + 1, dtype=float)
     W = np.tril(np.ones((T, T))) / t[:, None]
     col = W.sum(0)
@@ -115,10 +115,11 @@ def test_causal_backward_uniform_attention_closed_form(T):
     off = T * (T - 1)
     cx = (col.sum() ** 2 - np.sum(col**2)) / off
     x_col = (np.sum(W.sum(1) ** 2) - np.sum(W**2)) / off
-    y2, yp, _ = att.participation(0.0, 1.0, 0.5, float(T))
+    y2, yp, _, _ = att.participation(0.0, 1.0, 0.5, float(T))
     mom = att.mixing(y2, yp, float(T), False)
-    full = att.mix_backward(1.0, 1.0, mom, float(T), causal=True)
-    diag = att.mix_backward(1.0, 0.0, mom, float(T), causal=True)
+    col = att.causal_column_scale(0.0, T)  # s = 0: the uniform rows' H_T
+    full = att.mix_backward(1.0, 1.0, mom, float(T), col)
+    diag = att.mix_backward(1.0, 0.0, mom, float(T), col)
     np.testing.assert_allclose([diag[0], full[0], full[1], diag[1]], [d_col, c2, cx, x_col], rtol=1e-9)
 
 

@@ -205,9 +205,9 @@ def test_balancing_tau_noci_eq47(sx2, rho, n, d):
 @pytest.mark.parametrize("q,p", [(1.0, 0.2), (2.0, 0.5), (0.5, 0.0)])
 def test_qk_grad_corrected_eq13_uniform_phase(q, p):
     """001 eq. 13 with the exact softmax-Jacobian trace (module docstring): beta sigma_v^2 q (q-p)^2
-    [Y2 - 2 Y3 + Y2^2] in the uniform phase (beta < beta_c: E[Y2^2] = Y2^2)."""
+    [Y2 - 2 Y3 + E Y2^2]."""
     from initadvisor.core.gradients import qk_grad
 
-    beta, sv2, y2, y3, bc = 0.3, 0.7, 0.05, 0.004, 1.2
-    want = beta * sv2 * q * (q - p) ** 2 * (y2 - 2 * y3 + y2**2)
-    assert float(qk_grad(beta, sv2, q, p, y2, y3, bc)) == pytest.approx(want, rel=1e-9)
+    beta, sv2, y2, y3, y22 = 0.3, 0.7, 0.05, 0.004, 0.0026
+    want = beta * sv2 * q * (q - p) ** 2 * (y2 - 2 * y3 + y22)
+    assert float(qk_grad(beta, sv2, q, p, y2, y3, y22)) == pytest.approx(want, rel=1e-9)

@@ -27,7 +27,7 @@ def qk_laws(stack: Stack, trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     normed, qq = per_layer(lambda P: P.qk_norm != "none"), q + per_layer(lambda P: P.q_bias)
     T, d = stack.embeddings.seq_len, stack.embeddings.d_model
     # dL/dW_Q carries W_K: with unequal Q/K stds the product beta ~ s_Q s_K takes a factor s_K / s_Q
-    qk = G.qk_grad(trace.beta, g_vo, q, p, trace.y2, trace.y3, trace.beta_c) * np.sqrt(g_k / g_q)
+    qk = G.qk_grad(trace.beta, g_vo, q, p, trace.y2, trace.y3, trace.y22) * np.sqrt(g_k / g_q)
     # Noci's tau^2 (one std for all matrices) is g_Q g_K scale^2 d_head = beta^2 ln T; the Q/K gradients carry
     # the value gain in place of the other Q/K gain: tau^2 = g_V (g_Q + g_K) / 2 scale^2 d_head
     tau2 = trace.beta**2 * np.log(T) * g_v * (g_q + g_k) / (2 * g_q * g_k)
@@ -36,7 +36,7 @@ def qk_laws(stack: Stack, trace: Trace) -> tuple[np.ndarray, np.ndarray]:
         # scale^2 d_head (1 - rho) = beta^2 ln T (1 - rho), and the norm's Jacobian 1 / RMS^2 = 1 / (g_Q q_eff) on the
         # query side (1 / (g_K q) on the key side) carries the gradient to W_Q
         b_ln = trace.beta * np.sqrt(np.log(T))
-        qk_n = G.qk_grad(trace.beta, g_vo, q, p, trace.y2, trace.y3, trace.beta_c) * b_ln / (q * g_q * qq)
+        qk_n = G.qk_grad(trace.beta, g_vo, q, p, trace.y2, trace.y3, trace.y22) * b_ln / (q * g_q * qq)
         tau2_n = trace.beta**2 * np.log(T) * g_v * (1 / (g_q * qq) + 1 / (g_k * q)) / 2
         qk = np.where(normed, qk_n, qk)
         ratio = np.where(normed, G.qk_to_v_grad_ratio(tau2_n, q, p / q, T, d) / q, ratio)

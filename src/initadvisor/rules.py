@@ -181,7 +181,8 @@ def finite_size(spec, a) -> list[Finding]:
         return []
     return [finding("IA202", f"beta {show(t.beta[w], '.3f')} is in [beta_c/2, beta_c) = "
                              f"[{show(t.beta_c[w] / 2, '.3f')}, "
-                             f"{show(t.beta_c[w], '.3f')}) at block {w + 1}", w + 1)]
+                             f"{show(t.beta_c[w], '.3f')}) at block {w + 1}: IPR {show(t.y2[w], '.3g')} at "
+                             f"T = {spec.seq_len} (uniform: {show(1 / spec.seq_len, '.3g')})", w + 1)]
 
 
 def qk_norm_beta(spec, a) -> list[Finding]:
@@ -255,7 +256,7 @@ def qk_uniform_phase(spec, a) -> list[Finding]:
     if not x[0] < 0.5:
         return []
     return [finding("IA304", f"block 1 attends uniformly (IPR {show(t.y2[0], '.2e')}): Result 2's Q/K gradient factor "
-                             f"E tr(M^2) = {show(jacobian_trace(t.y2[0], t.y3[0], x[0]), '.2e')} (at most 1/12, reached "
+                             f"E tr(M^2) = {show(jacobian_trace(t.y2[0], t.y3[0], t.y22[0]), '.2e')} (at most 1/12, reached "
                              "at beta = 2 beta_c)", 1)]
 
 
@@ -405,8 +406,9 @@ RULES: dict[str, Rule] = {r.code: r for r in [
         code="IA202", name="finite-size-crossover", severity="warning", title="Finite-size crossover",
         threshold_key=None, criterion="beta_c / 2 <= beta < beta_c at the worst block",
         keys=_BETA_KEYS, check=finite_size,
-        meaning="beta lies between beta_c/2 and beta_c: at finite sequence length the softmax partition function "
-                "is no longer Gaussian and attention is partly localized; the asymptotic laws are not sharp here.",
+        meaning="beta lies between beta_c/2 and beta_c: the softmax partition function is no longer Gaussian and "
+                "attention is partly localized (the engine's IPR is the exact finite-T value there); the scores' "
+                "gradient through W_Q and W_K is no longer negligible and grows the gradient with depth.",
         formula="beta_c / 2 <= beta < beta_c", source="Giorlandino & Goldt 2025, sec. 3.2 and B.3",
         fix="Lower the Q/K init std below beta_c / 2.",
         fails={"init": {"qk_beta": 1.0}}, passes={"init": {"qk_beta": 0.5}},

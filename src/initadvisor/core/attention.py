@@ -4,10 +4,10 @@ One attention row is a REM: the key-dependent parts of its scores are Gaussian w
 V = beta^2 q_eff (q - p) ln T. Condensation (entropy collapse) sets in at beta_c = sqrt(2 / (q_eff (q - p))),
 i.e. x = beta / beta_c = 1; the Gaussian (CLT) regime ends at x = 1/2 (001 B.3).
 
-Finite T: for x <= 1/2 the annealed average is exact to leading order, Y2 = e^V / T (>= 1/T, the floor);
-for x >= 1 the REM gives Y2 = 1 - 1/x (001 eq. 12). In the crossover 1/2 < x < 1 the annealed value is
-held at its x = 1/2 level, T^(-1/2), until the REM value overtakes it. The cross-row overlap
-Yp = E sum_s A_ts A_t's (sub-leading in 001 B.2.2) is kept at finite T: e^(rho V) / T, capped by Y2.
+Finite T: Y2 = E sum_s A_ts^2 and Y3 are the exact expectations for T i.i.d. Gaussian scores of variance V
+(softmax_rows): e^V / T to leading order for x <= 1/2 (annealed), tending to the REM's 1 - 1/x (001 eq. 12)
+for x > 1 as T grows, and through the crossover between. The cross-row overlap Yp = E sum_s A_ts A_t's
+(sub-leading in 001 B.2.2) is annealed, e^(rho V) / T with V held at its x = 1/2 level, capped by Y2.
 T = inf gives 001's asymptotic laws exactly (Y2 = max(0, 1 - beta_c/beta), Yp = 0).
 """
 
@@ -17,6 +17,8 @@ import math
 from functools import lru_cache
 
 import numpy as np
+
+from initadvisor.core.softmax_rows import expected_y
 
 HUGE = 1e250  # the engine's cap on every moment and derived quantity: extreme stacks stay finite
 
@@ -94,29 +96,30 @@ def beta_c(q, p, q_query=None):
 
 
 def participation(beta, bc, rho, T):
-    """(Y2, Yp, Y3): IPR of an attention row, cross-row overlap, third participation ratio."""
+    """(Y2, Yp, Y3, Y2^2): the expected IPR of an attention row, cross-row overlap, third participation ratio and
+    squared IPR. At finite T, Y2, Y3 and Y2^2 are exact for i.i.d. Gaussian scores of variance
+    V = 2 (beta / bc)^2 ln T (softmax_rows); T = inf: the REM (001 eq. 12, Poisson-Dirichlet moments)."""
     x = np.divide(beta, bc)
-    loc = np.maximum(1.0 - 1.0 / np.maximum(x, 1e-300), 0.0)  # 001 eq. 12
-    if np.ndim(T) == 0 and math.isfinite(T):  # one finite T (every stack's case): the laws below without stand-ins
-        v = 2.0 * np.minimum(x, 0.5) ** 2 * math.log(T)
-        y2 = np.maximum(np.exp(v) / T, loc)
-        return y2, np.minimum(y2, np.exp(rho * v) / T), np.maximum(np.exp(3.0 * v) / T**2, _y3_localized(x))
+    if np.ndim(T) == 0 and math.isfinite(T):  # one finite T (every stack's case): without the stand-ins below
+        lnT = math.log(T)
+        y2, y3, y22 = expected_y(x * math.sqrt(2.0 * lnT), T)
+        return y2, np.minimum(y2, np.exp(rho * 2.0 * np.minimum(x, 0.5) ** 2 * lnT) / T), y3, y22
     inf = np.isinf(T)
+    rem = _rem(x)
     if np.all(inf):
-        return loc, np.zeros_like(loc), _y3_localized(x)
-    Tf = np.where(inf, 2.0, T)  # finite stand-in where T = inf (those points take the asymptotic laws below)
-    v = 2.0 * np.minimum(x, 0.5) ** 2 * np.log(Tf)  # score variance, frozen at the CLT boundary x = 1/2
-    ann2 = np.where(inf, 0.0, np.exp(v) / Tf)  # annealed: E e^{2a} / (T (E e^a)^2)
-    y2 = np.maximum(ann2, loc)
+        return rem[0], np.zeros_like(rem[0]), rem[1], rem[2]
+    Tf = np.where(inf, 2.0, T)  # finite stand-in where T = inf (those points take the asymptotic laws)
+    y2, y3, y22 = expected_y(x * np.sqrt(2.0 * np.log(Tf)), Tf)
+    v = 2.0 * np.minimum(x, 0.5) ** 2 * np.log(Tf)  # the overlap's annealed variance, frozen at the CLT boundary
     yp = np.where(inf, 0.0, np.minimum(y2, np.exp(rho * v) / Tf))
-    y3 = np.maximum(np.where(inf, 0.0, np.exp(3.0 * v) / Tf**2), _y3_localized(x))  # annealed E e^{3a}/(T^2 (E e^a)^3)
-    return y2, yp, y3
+    return np.where(inf, rem[0], y2), yp, np.where(inf, rem[1], y3), np.where(inf, rem[2], y22)
 
 
-def _y3_localized(x):
-    """Y3 in the localized phase: Gamma(3 - m) / (Gamma(3) Gamma(1 - m)) = (1 - m)(2 - m)/2, m = 1/x (REM)."""
+def _rem(x):
+    """(Y2, Y3, Y2^2) of the REM as T -> inf: 0 for x <= 1, else the Poisson-Dirichlet(m) moments at m = 1/x:
+    1 - m (001 eq. 12), (1 - m)(2 - m)/2 and (1 - m)(3 - 2m)/3."""
     m = np.minimum(1.0 / np.maximum(x, 1e-300), 1.0)
-    return (1.0 - m) * (2.0 - m) / 2.0
+    return 1.0 - m, (1.0 - m) * (2.0 - m) / 2.0, (1.0 - m) * (3.0 - 2.0 * m) / 3.0
 
 
 def phase(beta, bc):
@@ -157,20 +160,37 @@ def causal_columns(T: float) -> tuple[float, float]:
     return float(h[-1] / T), float(np.mean(col**2))
 
 
-def mix_backward(gq, gp, mom, T, causal: bool = False):
-    """Mirror of mix_forward for the gradient (transpose of W; Q/K path excluded).
+def causal_column_scale(s, T: float):
+    """(1/T) sum_t E[Y2](s, t) / E[Y2](s, T): how much more a key-averaged column of causal attention (rows t >= s
+    with t keys each) collects than the late, full-length rows (H_T for uniform rows, Y2(t) = 1/t; at most T).
+    Rows 1..64 one by one, beyond on 64 geometric bins (Y2 is smooth in ln t)."""
+    T = int(T)
+    t = np.arange(1.0, min(T, 64) + 1)
+    w = np.ones_like(t)
+    if T > 64:
+        edges = np.unique(np.round(np.geomspace(64.5, T + 0.5, 65)))
+        t = np.concatenate([t, np.sqrt(edges[:-1] * edges[1:])])
+        w = np.concatenate([w, np.diff(edges)])
+    s = np.asarray(s, dtype=float)
+    y2 = expected_y(s[..., None], t)[0]
+    return (y2 @ w / T) / expected_y(s, float(T))[0]
 
-    Bidirectional: every column collects T rows. Causal: key s is read by rows t >= s, each spreading over t
-    keys, so the key-averaged column moments carry H_T / T and K2 in place of 1/T and 1 (the row moments of
-    `mom` describe late, full-length rows; their annealed parts are rescaled by T H_T / T = H_T).
+
+def mix_backward(gq, gp, mom, T, col_scale=None):
+    """Mirror of mix_forward for the gradient (transpose of W; the query/key path is Attention's).
+
+    Bidirectional (col_scale None): every column collects T rows. Causal: key s is read by rows t >= s, each
+    spreading over t keys, so the key-averaged column moments carry H_T / T and K2 in place of 1/T and 1; the row
+    moments of `mom` describe late, full-length rows, so their IPR part is rescaled by col_scale
+    (causal_column_scale: H_T for uniform rows).
     """
     d_row, x_row, s2, sx = mom
     if np.isinf(T):
         c2, cx, x_col = d_row + sx, sx, 0.0
         return gp * c2 + (gq - gp) * d_row, gp * cx + (gq - gp) * x_col
-    if causal:
+    if col_scale is not None:
         k1, k2 = causal_columns(T)
-        d_row = d_row * T * k1  # (1/T) sum_t Y2(t), Y2(t) ~ e^V / t
+        d_row = d_row * col_scale  # (1/T) sum_t Y2(t)
         c2 = d_row + T * x_row * (k2 - k1)  # reduces to d_row + (T - 1) x_row for bidirectional rows
     else:
         c2 = d_row + (T - 1) * x_row  # E (column sum)^2

@@ -23,16 +23,14 @@ def _product(*factors):
     return np.minimum(out, HUGE)
 
 
-def jacobian_trace(y2, y3, x):
-    """E tr(M^2) per attention row: Y2 - 2 Y3 + E[Y2^2] (x = beta / beta_c gives the phase)."""
-    m = np.minimum(1.0 / np.maximum(x, 1e-300), 1.0)
-    y2sq = np.maximum(y2 * y2, (1.0 - m) * (3.0 - 2.0 * m) / 3.0)  # PD(m) second moment of Y2
-    return np.maximum(y2 - 2.0 * y3 + y2sq, 0.0)
+def jacobian_trace(y2, y3, y22):
+    """E tr(M^2) per attention row, M = diag(A) - A A^T the softmax Jacobian: E[Y2] - 2 E[Y3] + E[Y2^2]."""
+    return np.maximum(y2 - 2.0 * y3 + y22, 0.0)
 
 
-def qk_grad(beta, sigma_v2, q, p, y2, y3, beta_c):
+def qk_grad(beta, sigma_v2, q, p, y2, y3, y22):
     """Scaled query-gradient norm T/(d^2 sqrt(ln T)) E||dL/dW_Q||^2 up to C (001 eq. 13, corrected trace)."""
-    return _product(jacobian_trace(y2, y3, beta / beta_c), q - p, q - p, beta, sigma_v2, q)
+    return _product(jacobian_trace(y2, y3, y22), q - p, q - p, beta, sigma_v2, q)
 
 
 def qk_to_v_grad_ratio(tau2, sigma_x2, rho, n, d):

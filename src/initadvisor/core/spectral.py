@@ -29,6 +29,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from initadvisor.core.softmax_rows import row_moments
+
 __all__ = [
     "AttentionSpectrum",
     "WidthCollapse",
@@ -86,46 +88,18 @@ class WidthCollapse(NamedTuple):
 # Row statistics of a softmax of iid Gaussians
 # --------------------------------------------------------------------------------------------
 
-_Z_NODES = np.linspace(-10.0, 10.0, 801)
-_Z_WEIGHTS = np.exp(-0.5 * _Z_NODES**2) / np.sqrt(2.0 * np.pi) * (_Z_NODES[1] - _Z_NODES[0])
-
-
-def _ipr_scalar(T: float, V: float) -> float:
-    if T <= 1:
-        return 1.0
-    if V <= 0.0:
-        return 1.0 / T
-    g = np.sqrt(V) * _Z_NODES  # score values
-    # 1/Z^2 = int_0^inf u exp(-u Z) du, so E[e^{2g_1}/Z^2] = int u psi2(u) phi(u)^(T-1) du with
-    # phi(u) = E exp(-u e^g), psi2(u) = E e^{2g} exp(-u e^g); integrate over w = ln u.
-    centre = -np.log(T) - 0.5 * V
-    w = np.linspace(centre - 30.0 - 3.0 * np.sqrt(V), 30.0 + 3.0 * np.sqrt(V), 3001)
-    u = np.exp(w)[:, None]
-    ueg = u * np.exp(g)[None, :]
-    e_minus = np.exp(-ueg)
-    one_minus_phi = (-np.expm1(-ueg)) @ _Z_WEIGHTS
-    phi = e_minus @ _Z_WEIGHTS
-    psi2 = (np.exp(2.0 * g)[None, :] * e_minus) @ _Z_WEIGHTS
-    with np.errstate(divide="ignore"):
-        log_phi = np.where(
-            one_minus_phi < 0.5, np.log1p(-np.minimum(one_minus_phi, 0.5)), np.log(np.maximum(phi, 1e-300))
-        )
-        log_psi2 = np.log(np.maximum(psi2, 1e-300))
-    integrand = np.exp(2.0 * w + log_psi2 + (T - 1.0) * log_phi)
-    val = T * float(np.sum(0.5 * (integrand[1:] + integrand[:-1]) * np.diff(w)))
-    return float(np.clip(val, 1.0 / T, 1.0))
-
-
 def softmax_row_ipr(T, V):
     """Expected inverse participation ratio Y2 = E sum_s A_ts^2 of softmax(T iid N(0, V)).
 
-    Exact for every T (one-dimensional integral, 002 Def. 3.1 lognormal i.i.d. Markov rows);
-    tends to e^V / T for large T at fixed V.  Vectorised by broadcasting (loop over elements).
+    Exact for every T (softmax_rows' quadrature; 002 Def. 3.1 lognormal i.i.d. Markov rows);
+    tends to e^V / T for large T at fixed V. Vectorised by broadcasting (loop over elements).
     """
     T_b, V_b = np.broadcast_arrays(np.asarray(T, dtype=float), np.asarray(V, dtype=float))
     out = np.empty(T_b.shape)
     for idx in np.ndindex(T_b.shape):
-        out[idx] = _ipr_scalar(float(T_b[idx]), float(V_b[idx]))
+        t = float(T_b[idx])
+        out[idx] = np.clip(row_moments(math.sqrt(max(float(V_b[idx]), 0.0)), [t], ks=(2,))[2][0], 1.0 / t, 1.0) \
+            if t > 1 else 1.0
     return out[()] if out.ndim == 0 else out
 
 

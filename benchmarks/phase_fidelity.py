@@ -1,0 +1,98 @@
+"""Phase fidelity: `check`'s per-layer predictions against `verify`'s Monte-Carlo of the actual network, across
+the attention phases.
+
+Usage: OPENBLAS_NUM_THREADS=1 python benchmarks/phase_fidelity.py [--layers 50] [--d 256] [--seeds 4]
+                                                                  [--cells post:1.5:64:bi,...] [--json out.json]
+
+Grid: norm {post, pre} x beta / beta_c at block 1 {0.25, 0.5, 0.7, 1.0, 1.5, 2.5} x T {64, 512} x {bidirectional,
+causal}. The model is paper 001's encoder (1 head, ReLU MLP of width d, gains 0.2 on V and the MLP, MLP biases
+0.02, no output projection, input correlation 0.03, unit embedding variance), `--layers` deep; beta is set with
+init.qk_beta. Prints per cell the largest error over the
+layers of rho (absolute), the IPR (relative) and the gradient q normalised at the top (relative), with the layer
+where it occurs. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RATIOS = (0.25, 0.5, 0.7, 1.0, 1.5, 2.5)
+
+
+def spec_for(norm: str, ratio: float, T: int, causal: bool, layers: int, d: int) -> dict:
+    from initadvisor.spec import build_spec
+    from initadvisor.stack import run_spec
+
+    spec = {"name": f"{norm}-{ratio}-{T}-{'causal' if causal else 'bi'}",
+            "model": {"layers": layers, "d_model": d, "heads": 1, "d_ff": d, "norm": norm, "activation": "relu",
+                      "causal": causal, "out_proj": False},
+            "sequence": {"length": T, "vocab": 50000, "input_correlation": 0.03},
+            "init": {"std": 0.02, "embedding": {"std": 1.0}, "qk_beta": 1.0, "v": {"gain": 0.2},
+                     "ff_in": {"gain": 0.2, "bias_std": 0.02}, "ff_out": {"gain": 0.2, "bias_std": 0.02}}}
+    bc = float(run_spec(build_spec(spec)).beta_c[0])  # beta_c at block 1 does not depend on beta
+    spec["init"]["qk_beta"] = ratio * bc
+    return spec
+
+
+def worst(layers: list[dict], key: str) -> tuple[float | None, int | None]:
+    errs = [(abs(r[key]["error"]), r["index"]) for r in layers if key in r and r[key]["error"] is not None]
+    return max(errs) if errs else (None, None)
+
+
+def main() -> None:
+    import yaml
+
+    from initadvisor.cli import main as cli
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=50)
+    ap.add_argument("--d", type=int, default=256)
+    ap.add_argument("--seeds", type=int, default=4)
+    ap.add_argument("--cells", default="", help="comma-separated norm:ratio:T:bi|causal (default: the whole grid)")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    if args.cells:
+        cells = [(n, float(r), int(t), c == "causal") for n, r, t, c in (x.split(":") for x in args.cells.split(","))]
+    else:
+        cells = list(itertools.product(("post", "pre"), RATIOS, (64, 512), (False, True)))
+    print(f"{'norm':4s} {'b/bc':>5s} {'T':>4s} {'rows':6s} | {'rho err':>8s} {'@':>3s} | {'IPR err':>8s} {'@':>3s} | "
+          f"{'grad err':>8s} {'@':>3s} | seconds", flush=True)
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for norm, ratio, T, causal in cells:
+            path = Path(tmp) / "spec.yaml"
+            path.write_text(yaml.safe_dump(spec_for(norm, ratio, T, causal, args.layers, args.d)))
+            t0 = time.perf_counter()
+            import contextlib
+            import io
+
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                try:
+                    cli(["verify", str(path), "--seeds", str(args.seeds), "--format", "json"])
+                except SystemExit:
+                    pass
+            rep = json.loads(buf.getvalue())
+            row = {"norm": norm, "ratio": ratio, "T": T, "causal": causal, "seconds": time.perf_counter() - t0}
+            for key in ("rho", "ipr", "grad_q"):
+                row[key], row[key + "_layer"] = worst(rep["layers"], key)
+            out.append(row)
+
+            def fmt(x, pct):
+                return f"{'-':>8s}" if x is None else (f"{100 * x:7.1f}%" if pct else f"{x:8.3f}")
+
+            print(f"{norm:4s} {ratio:5.2f} {T:4d} {'causal' if causal else 'bi':6s} | {fmt(row['rho'], False)} "
+                  f"{row['rho_layer']:3d} | {fmt(row['ipr'], True)} {row['ipr_layer'] or 0:3d} | "
+                  f"{fmt(row['grad_q'], True)} {row['grad_q_layer']:3d} | {row['seconds']:.0f}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
