@@ -167,7 +167,7 @@ def invoke(args: list[str]) -> Result:
 # IA103's failing example fires one rule of each family: IA102 IA103 IA201 IA301 IA304 IA501 (its forward
 # variance explodes, and with no final norm so do the logits).
 MANY = example(RULES["IA103"].fails)
-MANY_CODES = ["IA102", "IA103", "IA201", "IA301", "IA304", "IA501"]
+MANY_CODES = ["IA102", "IA103", "IA201", "IA301", "IA304", "IA305", "IA501"]
 
 
 def write(tmp_path, spec: dict, pyproject: str = "") -> str:
@@ -190,11 +190,11 @@ def test_many_fires_what_the_cli_tests_expect(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--select", "IA3"], ["IA301", "IA304"]),
+    (["--select", "IA3"], ["IA301", "IA304", "IA305"]),
     (["--select", "IA301,ia1"], ["IA102", "IA103", "IA301"]),
     (["--select", "IA2,IA9"], ["IA201"]),
     (["--ignore", "IA3"], ["IA102", "IA103", "IA201", "IA501"]),
-    (["--ignore", "ia304,IA2"], ["IA102", "IA103", "IA301", "IA501"]),
+    (["--ignore", "ia304,IA2"], ["IA102", "IA103", "IA301", "IA305", "IA501"]),
     (["--select", "IA1,IA3", "--ignore", "IA103,IA30"], ["IA102"]),
 ])
 def test_select_and_ignore_on_the_command_line(tmp_path, monkeypatch, args, expected):
@@ -205,11 +205,11 @@ def test_select_and_ignore_on_the_command_line(tmp_path, monkeypatch, args, expe
 
 
 @pytest.mark.parametrize("key, project, spec, line, expected", [
-    ("ignore", ["IA1"], None, None, ["IA201", "IA301", "IA304", "IA501"]),
+    ("ignore", ["IA1"], None, None, ["IA201", "IA301", "IA304", "IA305", "IA501"]),
     ("ignore", ["IA1"], ["IA3"], None, ["IA102", "IA103", "IA201", "IA501"]),  # the spec replaces pyproject's list
-    ("ignore", ["IA1"], ["IA3"], "IA2", ["IA102", "IA103", "IA301", "IA304", "IA501"]),  # the command line replaces both
-    ("ignore", None, ["IA201"], None, ["IA102", "IA103", "IA301", "IA304", "IA501"]),
-    ("select", ["IA3"], None, None, ["IA301", "IA304"]),
+    ("ignore", ["IA1"], ["IA3"], "IA2", ["IA102", "IA103", "IA301", "IA304", "IA305", "IA501"]),  # the command line replaces both
+    ("ignore", None, ["IA201"], None, ["IA102", "IA103", "IA301", "IA304", "IA305", "IA501"]),
+    ("select", ["IA3"], None, None, ["IA301", "IA304", "IA305"]),
     ("select", ["IA3"], ["IA1"], None, ["IA102", "IA103"]),
     ("select", ["IA3"], ["IA1"], "IA2", ["IA201"]),
     ("select", None, None, "IA304", ["IA304"]),

@@ -207,7 +207,8 @@ def layer_rows(a: Analysis) -> list[dict]:
         if i > 0:
             b = i - 1
             row.update(beta=_f(trace.beta[b]), beta_c=_f(trace.beta_c[b]), ipr=_f(trace.y2[b]),
-                       attention_phase=str(phases[b]), qk_grad=_f(qk[b]), qk_to_v_grad_ratio=_f(ratio[b]))
+                       attention_phase=str(phases[b]), qk_grad=_f(qk[b]), qk_to_v_grad_ratio=_f(ratio[b]),
+                       qk_path_share=_f(trace.qk_share[b]))
         rows.append(row)
     return rows
 

@@ -240,6 +240,25 @@ def vanishing_gradient(spec, a) -> list[Finding]:
                              f"({_gradient_law(a)}) < {th:g}", 1)]
 
 
+QK_PATH_SHARE = 0.5  # IA305: the query/key path carries at least this share of an attention input's gradient
+
+
+def qk_path_growth(spec, a) -> list[Finding]:
+    """Gradients that explode through the attention scores: the query/key path carries most of some block's
+    gradient (the softmax Jacobian's trace grows once attention localises)."""
+    end, th = a.growth["gradient"]["blocks"], spec.thresholds["grad_explode"]
+    share = [float(x) for x in a.trace.qk_share]
+    w = max(range(len(share)), key=share.__getitem__)
+    if not (end > th and share[w] >= QK_PATH_SHARE):
+        return []
+    n = sum(x >= QK_PATH_SHARE for x in share)
+    return [finding("IA305", f"the query/key path carries {show(100 * share[w], '.0f')}% of the gradient at block "
+                             f"{w + 1}'s attention input ({n} of {spec.layers} blocks above "
+                             f"{100 * QK_PATH_SHARE:.0f}%; beta/beta_c {show(a.trace.beta[w] / a.trace.beta_c[w], '.2f')}"
+                             f", IPR {show(a.trace.y2[w], '.3f')}): the scores' gradient A (V - O) G through W_Q and "
+                             f"W_K grows the gradient {show(end, '.3g')}x to block 1 > {th:g}", w + 1)]
+
+
 def qk_gradient(spec, a) -> list[Finding]:
     t, th = a.trace, spec.thresholds["qk_grad_ratio_min"]
     w = int(a.ratio.argmin())
@@ -493,6 +512,24 @@ RULES: dict[str, Rule] = {r.code: r for r in [
         source="Giorlandino & Goldt 2025, Result 2 (eq. 13, trace corrected)",
         fix="None needed with skip connections; a larger beta up to beta_c / 2 raises it.",
         fails={"init": {"qk_beta": 0.3}}, passes={"init": {"qk_beta": 1.0}},
+    ),
+    Rule(
+        code="IA305", name="qk-path-gradient-growth", severity="warning",
+        title="Gradients explode through the attention scores",
+        threshold_key="grad_explode", criterion=f"grad_q[1] / grad_q[L] > grad_explode and the query/key path carries "
+                                                f">= {100 * QK_PATH_SHARE:.0f}% of some attention input's gradient",
+        keys=("init.qk_beta", "init.q", "init.k", "model.softmax_scale", "sequence.length"), check=qk_path_growth,
+        meaning="The loss gradient reaches each attention input through the values and through the scores: "
+                "A_ts G_t.(V_s - O_t) carried back by W_Q and W_K. That path is O(1/T) while attention is uniform and "
+                "dominant once it localises (beta near or above beta_c): the softmax Jacobian's trace "
+                "Y2 - 2 Y3 + Y2^2 times beta^2 ln T multiplies the gradient at every such block, so it grows "
+                "exponentially towards the input; the mechanism by which entropy collapse destabilises training.",
+        formula="2 beta^2 ln T (q - p) g_V (q - p) E tr(M^2) H d_head / d per block (Attention._qk_gain)",
+        source="Giorlandino & Goldt 2025, Result 2 (the softmax Jacobian); issue 13",
+        fix="Lower beta below beta_c / 2 (the Q/K std, or the softmax scale under a QK-norm); `initadvisor "
+            "recommend` gives the critical std.",
+        fails={"model": {"layers": 16, "norm": "pre"}, "init": {"qk_beta": 3.0}},
+        passes={"model": {"layers": 16, "norm": "pre"}, "init": {"qk_beta": 0.3}},
     ),
     Rule(
         code="IA401", name="width-rank-collapse", severity="info", title="Rank collapse in width",

@@ -69,6 +69,7 @@ class Trace:
     y2: np.ndarray
     y3: np.ndarray
     y22: np.ndarray  # E[Y2^2]
+    qk_share: np.ndarray  # the share of the gradient's q at each attention input through its query/key path
 
     @property
     def rho(self) -> np.ndarray:
@@ -108,7 +109,7 @@ def propagate(stack: Stack, backward: bool = True) -> Trace:
     return Trace(
         q=_stack(qs, shape), p=_stack(ps, shape), grad_q=gqs, grad_p=gps, grad_scale=gqs[0],
         att_q=att("q_in"), att_p=att("p_in"), beta=_stack([P.beta for P in stack.layers], shape),
-        beta_c=att("beta_c"), y2=att("y2"), y3=att("y3"), y22=att("y22"),
+        beta_c=att("beta_c"), y2=att("y2"), y3=att("y3"), y22=att("y22"), qk_share=att("qk_share"),
     )
 
 

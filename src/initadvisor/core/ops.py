@@ -442,6 +442,7 @@ class AttentionCache:
     mom: tuple
     mom_b: tuple  # the backward's: a sliding window's rows overlap on their own keys
     qk: tuple  # the query/key path's gains on the gradient's q (Attention._qk_gain)
+    qk_share: object = 0.0  # set by the backward: the share of the gradient's q at the input through that path
 
 
 @dataclass(frozen=True)
@@ -527,7 +528,10 @@ class Attention:
                 col = att.causal_column_scale(np.divide(P.beta, c.beta_c) * math.sqrt(2.0 * math.log(P.seq_len)),
                                               P.seq_len)
             gq, gp = att.mix_backward(gq, gp, c.mom, P.seq_len, col)
-        return P.g_v * gq + qk, P.g_v * gp + np.where(np.isfinite(qk_p), qk_p, 0.0)
+        total = P.g_v * gq + qk
+        with np.errstate(invalid="ignore", divide="ignore"):
+            c.qk_share = np.where(total > 0, qk / total, 0.0)
+        return total, P.g_v * gp + np.where(np.isfinite(qk_p), qk_p, 0.0)
 
     def causal(self, G, S):
         """Row m attends to keys 1..m: a REM at m keys (causal.py's module docstring derives each term)."""
