@@ -450,3 +450,21 @@ def test_depth_100000_stays_finite():
     assert not non_finite(rep)
     json.dumps(rep, allow_nan=False)
     assert all(-1 <= row["rho"] <= 1 and row["q"] > 0 and row["grad_q"] >= 0 for row in rep["layers"])
+
+
+def test_verify_counts_the_address_space_limit(tmp_path):
+    """Under a soft RLIMIT_AS (a CI runner's, a job scheduler's) `verify` refuses a network that would not fit in what
+    is left of it, with one line and exit 2, where it used to pass the MemAvailable check and die in the allocator
+    (the fuzzer's run: a 79M-row embedding table for torch under its address-space limit)."""
+    spec = tmp_path / "big.yaml"
+    spec.write_text("model: {layers: 1, d_model: 32, heads: 2, d_ff: 64}\nsequence: {length: 16, vocab: 20000000}\n")
+    pytest.importorskip("torch")
+    code = ("import resource, torch\n"
+            "from initadvisor.cli import main\n"
+            "from initadvisor.simulate import available_memory\n"
+            "held = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (held + (1 << 30), resource.getrlimit(resource.RLIMIT_AS)[1]))\n"
+            "assert available_memory() <= 1 << 30\n"
+            f"main(['verify', {str(spec)!r}, '--backend', 'torch', '--seeds', '2'])\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "GiB" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr

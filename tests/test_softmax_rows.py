@@ -87,3 +87,11 @@ def test_table_against_quadrature():
     vec = expected_y(s, T)
     for i in range(3):
         assert np.allclose([v[i] for v in vec], expected_y(s[i], T[i]), rtol=1e-12)
+
+
+def test_unresolved_inputs_give_nan_not_an_index():
+    """A nan logit std (an unresolved upstream state; the reports name it) reads nan from the table, elementwise,
+    where it used to index the table at -2^63 (the fuzzer's IndexError in `diagram`)."""
+    assert all(np.isnan(y) for y in expected_y(float("nan"), 64.0))
+    y2 = expected_y(np.array([1.0, np.nan]), np.array([64.0, 64.0]))[0]
+    assert np.isnan(y2[1]) and y2[0] == pytest.approx(expected_y(1.0, 64.0)[0])

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import math
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -218,3 +220,17 @@ def test_render_and_pictures(tmp_path):
 
     png, svg = save_sweep(res, tmp_path / "c.png"), save_sweep(sweep(make(128), depth=[1, 2, 4]), tmp_path / "c.svg")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and b"<svg" in svg.read_bytes()[:400]
+
+
+def test_depth_sweep_of_a_sliding_window_model():
+    """A causal model with a sliding window (Mistral's test config: window 64 < T 256) pools its positions on the
+    full-resolution state the windowed rows need (the fuzzer's ValueError): each depth's final residual RMS is the
+    position-resolved engine's own run of that depth, pooled over the positions."""
+    from initadvisor.api import load
+    from initadvisor.stack import run_causal
+
+    spec = load(str(Path(__file__).parent / "data" / "hf" / "mistral" / "config.json"))
+    res = sweep(spec, depth=[2, 4])
+    for row in res["configs"]:
+        ct = run_causal(spec.with_overrides(layers=row["value"]))
+        assert row["modules"]["final_residual"]["rms"] == pytest.approx(float(np.sqrt(ct.q[-1].mean())), rel=1e-9)

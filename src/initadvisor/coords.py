@@ -116,7 +116,8 @@ def _profile(spec) -> dict[str, np.ndarray]:
         from initadvisor.core import causal as cz
 
         T = spec.seq_len
-        G = cz._grid(T, cz._SINGLE, cz._RATIO)  # the grouping and start state of cz.propagate_overlaps
+        G = cz._grid(T, T if stack.windowed else cz._SINGLE, cz._RATIO)  # cz.propagate_overlaps' grouping (sliding
+        # windows: every position its own group) and start state
         q0, p0 = stack.embeddings.moments()
         P = np.full((len(G.n), len(G.n)), float(p0))
         P[G.single, G.single] = 0.0

@@ -86,15 +86,25 @@ def memory_needed(spec: Spec, batch: int, itemsize: int, tables: bool = False) -
 
 
 def available_memory() -> int:
-    """MemAvailable from /proc/meminfo, else the physical memory."""
+    """MemAvailable from /proc/meminfo (else the physical memory), at most the address space this process may still
+    take (a soft RLIMIT_AS, as a CI runner or a job scheduler sets, less what it holds)."""
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+            have = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, ValueError, IndexError, StopIteration):
         pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            with open("/proc/self/statm") as f:
+                held = int(f.read().split()[0]) * resource.getpagesize()
+            have = min(have, max(soft - held, 0))
+    except (ImportError, OSError, ValueError, IndexError):
+        pass
+    return have
 
 
 def check_memory(spec: Spec, batch: int, itemsize: int, tables: bool = False) -> None:

@@ -79,9 +79,11 @@ def expected_y(s, T) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(E[Y2], E[Y3], E[Y2^2]) of a softmax row over T keys (T >= 1, at most e^17) with i.i.d. N(0, s^2) logits, from the
     table; beyond s = 30, 1 - Y falls as 1/s (the REM's (1 - Y) ~ 1/x)."""
     tab = _table()
-    s = np.maximum(np.asarray(s, dtype=float), 0.0)
+    s = np.asarray(s, dtype=float)
+    bad = np.isnan(s) | np.isnan(T)  # an unresolved state (the engine reports it as such): nan, not an index
+    s = np.where(bad, 0.0, np.maximum(s, 0.0))
     x = np.minimum(s, S_MAX) / S_STEP
-    u = np.clip(np.log(np.maximum(T, 1.0)), 0.0, L_MAX) / L_STEP
+    u = np.clip(np.log(np.maximum(np.where(bad, 1.0, T), 1.0)), 0.0, L_MAX) / L_STEP
     i = np.minimum(x.astype(int), tab.shape[1] - 2)
     j = np.minimum(np.asarray(u).astype(int), tab.shape[2] - 2)
     fx, fu = x - i, u - j
@@ -89,7 +91,7 @@ def expected_y(s, T) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         (tab[:, i, j + 1] * (1 - fx) + tab[:, i + 1, j + 1] * fx) * fu
     y = np.exp(log_y)
     far = S_MAX / np.maximum(s, S_MAX)  # 1 beyond the table's range of s
-    y = 1.0 - (1.0 - y) * far
+    y = np.where(bad, np.nan, 1.0 - (1.0 - y) * far)
     return y[0][()], y[1][()], y[2][()]
 
 
