@@ -530,7 +530,7 @@ class Attention:
             gq, gp = att.mix_backward(gq, gp, c.mom, P.seq_len, col)
         total = P.g_v * gq + qk
         with np.errstate(invalid="ignore", divide="ignore"):
-            c.qk_share = np.where(total > 0, qk / total, 0.0)
+            c.qk_share = np.where(total > 0, np.clip(qk / total, 0.0, 1.0), 0.0)  # (the column term can be negative)
         return total, P.g_v * gp + np.where(np.isfinite(qk_p), qk_p, 0.0)
 
     def causal(self, G, S):
