@@ -70,7 +70,8 @@ def test_rem_limit(x):
 
 def test_table_against_quadrature():
     """The shipped table, bilinear in log Y over (s, ln T), within 0.5% (Y2), 1.5% (Y3), 3.5% (Y2^2) of the
-    quadrature at 300 random points of its range (T >= 2: keys are whole); one key gives 1; beyond s = 30, 1 - Y falls as 1/s."""
+    quadrature at 300 random points of its range (T >= 2: keys are whole); one key gives 1; beyond s = 30, 1 - Y
+    falls as 1/s."""
     rng = np.random.default_rng(7)
     for _ in range(300):
         s, T = rng.uniform(0, S_MAX), math.exp(rng.uniform(math.log(2), 17))

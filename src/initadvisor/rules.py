@@ -252,11 +252,12 @@ def qk_path_growth(spec, a) -> list[Finding]:
     if not (end > th and share[w] >= QK_PATH_SHARE):
         return []
     n = sum(x >= QK_PATH_SHARE for x in share)
+    x = a.trace.beta[w] / a.trace.beta_c[w]
     return [finding("IA305", f"the query/key path carries {show(100 * share[w], '.0f')}% of the gradient at block "
                              f"{w + 1}'s attention input ({n} of {spec.layers} blocks above "
-                             f"{100 * QK_PATH_SHARE:.0f}%; beta/beta_c {show(a.trace.beta[w] / a.trace.beta_c[w], '.2f')}"
-                             f", IPR {show(a.trace.y2[w], '.3f')}): the scores' gradient A (V - O) G through W_Q and "
-                             f"W_K grows the gradient {show(end, '.3g')}x to block 1 > {th:g}", w + 1)]
+                             f"{100 * QK_PATH_SHARE:.0f}%; beta/beta_c {show(x, '.2f')}, IPR {show(a.trace.y2[w], '.3f')})"
+                             f": the scores' gradient A (V - O) G through W_Q and W_K grows the gradient "
+                             f"{show(end, '.3g')}x to block 1 > {th:g}", w + 1)]
 
 
 def qk_gradient(spec, a) -> list[Finding]:
@@ -275,8 +276,8 @@ def qk_uniform_phase(spec, a) -> list[Finding]:
     if not x[0] < 0.5:
         return []
     return [finding("IA304", f"block 1 attends uniformly (IPR {show(t.y2[0], '.2e')}): Result 2's Q/K gradient factor "
-                             f"E tr(M^2) = {show(jacobian_trace(t.y2[0], t.y3[0], t.y22[0]), '.2e')} (at most 1/12, reached "
-                             "at beta = 2 beta_c)", 1)]
+                             f"E tr(M^2) = {show(jacobian_trace(t.y2[0], t.y3[0], t.y22[0]), '.2e')} (at most 1/12, "
+                             "reached at beta = 2 beta_c)", 1)]
 
 
 def width_collapse(spec, a) -> list[Finding]:

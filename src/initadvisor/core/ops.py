@@ -487,12 +487,13 @@ class Attention:
     def _qk_gain(self, q, p, kp, qq, bc, y2, yp, y3, y22):
         """The query/key path of the backward: (a, b) with a gq + b gp its gradient q per coordinate of the attention
         input, gq and gp the gradient moments at the attention output (before W_O). The scores' gradient
-        d_ts = A_ts G_t.(V_s - O_t) has E sum_s d_ts^2 = E tr(M^2) g_V (q - p) d_head gq (E tr(M^2) = Y2 - 2 Y3 + Y2^2,
-        the softmax Jacobian, exact at finite T); W_Q carries it back over the keys' spread, W_K over the queries' spread
-        and, through the queries' common part kappa p + b_Q^2 (rotary: its share over pairs), over the column sums of d (two rows' sum over their keys:
-        (T - 1) Yp tr(M^2) / Y2 per row, times gp). With beta^2 ln T = (s_Q s_K d)^2 scale^2 d_head: a =
-        2 beta^2 ln T (q - kappa p) g_V (q - p) E tr(M^2) H d_head / d, b likewise with (p + b_Q^2) and the column term.
-        O(1/T) in the uniform phase when gp = 0, dominant once attention localises; 0 for T = inf and causal rows."""
+        d_ts = A_ts G_t.(V_s - O_t) has E sum_s d_ts^2 = E tr(M^2) g_V (q - p) d_head gq, E tr(M^2) = Y2 - 2 Y3 + Y2^2
+        (the softmax Jacobian, exact at finite T). W_Q carries it back over the keys' spread, W_K over the queries'
+        spread and, through the queries' common part kappa p + b_Q^2 (rotary: its share over pairs), over the column
+        sums of d: (T - 1) Yp E tr(M^2) / Y2 per row, times gp. With beta^2 ln T = (s_Q s_K d)^2 scale^2 d_head:
+        a = 2 beta^2 ln T (q - kappa p) g_V (q - p) E tr(M^2) H d_head / d, b the same with (kappa p + b_Q^2) / (q - p)
+        and the column sums. O(1/T) in the uniform phase when gp = 0, dominant once attention localises; 0 for
+        T = inf and for causal rows."""
         P = self.P
         width = P.heads * P.d_head / P.d_model if P.d_model else 1.0
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):

@@ -3,7 +3,8 @@
 Exact at every T (issue 13; 001's REM laws are the T -> infinity limit, attention.participation): with
 1/Z^k = int_0^inf t^(k-1) e^(-t Z) dt / Gamma(k) and E e^(-t Z) factorising over the keys,
 
-    E[Y_k] = T / Gamma(k) int t^(k-1) psi_k(t) phi(t)^(T-1) dt,   phi(t) = E exp(-t e^a),  psi_k(t) = E e^(k a) exp(-t e^a),
+    E[Y_k] = T / Gamma(k) int t^(k-1) psi_k(t) phi(t)^(T-1) dt,
+    phi(t) = E exp(-t e^a),  psi_k(t) = E e^(k a) exp(-t e^a),
 
 a one-dimensional integral (over ln t) of one-dimensional Gaussian integrals. Both are trapezoid sums over
 uniform grids of smooth, fast-decaying integrands, so they converge geometrically (1e-13 at the grids below).
@@ -38,7 +39,7 @@ def row_moments(s: float, T, ks=(2, 3)) -> dict[int, np.ndarray]:
     y = w[:, None] + g[None, :]  # ln(t e^a): every term below is bounded in it, so nothing overflows
     ey = np.exp(np.minimum(y, 700.0))
     Tc = T[:, None]
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # log 0 = -inf where phi underflows; T = 1 below
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # log 0 where phi underflows; T = 1 below
         log_phi = np.log1p(-np.minimum((-np.expm1(-ey)) @ wz, 1.0))[None, :]
 
         def log_tk_psi(k):  # ln(t^k psi_k(t))
@@ -76,8 +77,8 @@ def _table() -> np.ndarray:
 
 
 def expected_y(s, T) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(E[Y2], E[Y3], E[Y2^2]) of a softmax row over T keys (T >= 1, at most e^17) with i.i.d. N(0, s^2) logits, from the
-    table; beyond s = 30, 1 - Y falls as 1/s (the REM's (1 - Y) ~ 1/x)."""
+    """(E[Y2], E[Y3], E[Y2^2]) of a softmax row over T keys (T >= 1, at most e^17) with i.i.d. N(0, s^2) logits,
+    from the table; beyond s = 30, 1 - Y falls as 1/s (the REM's (1 - Y) ~ 1/x)."""
     tab = _table()
     s = np.asarray(s, dtype=float)
     bad = np.isnan(s) | np.isnan(T)  # an unresolved state (the engine reports it as such): nan, not an index
