@@ -287,20 +287,27 @@ def test_causal_stacked_engine_known_gap():
 # 4. The query/key path of the attention backward (ops.Attention._qk_gain) across the phases
 
 
+@pytest.mark.parametrize("model", [{"heads": 1}, {"heads": 2, "head_dim": 24}, {"heads": 4, "head_dim": 48}],
+                         ids=["one-head", "narrow-heads", "wide-heads"])
 @pytest.mark.parametrize("qk_beta", [1.0, 1.4, 2.0, 3.5])
-def test_qk_path_carries_the_gradient_past_the_uniform_phase(qk_beta):
+def test_qk_path_carries_the_gradient_past_the_uniform_phase(qk_beta, model):
     """One bidirectional attention operation (test_operations' harness: d 96, T 24, 48 weight draws, upstream
-    gradients with gp / gq = 0.3) at beta / beta_c = 0.68 .. 2.4: the backward's gradient q is within 30% of the
-    numpy network's (measured 14-25% low: the cross-row overlap Yp is still annealed), where the value path alone
-    is 55-89% low; the query/key path's share of it is at least 40%."""
+    gradients with gp / gq = 0.3) at beta / beta_c = 0.68 .. 2.4, one head of 96, two of 24 or four of 48
+    (H d_head / d = 1/2, 2):
+    the backward's gradient q is within 30% of the numpy network's (measured 14-25% low: the cross-row overlap Yp
+    is still annealed), where the value path alone is 55-89% low; the query/key path's share of it is at least 25%.
+    Its gp within 10% (+4 standard errors): the key half's -1/(T - 1) cross-token moment (without it gp is 55% high
+    at 2.4). The narrow and wide heads fail with H d_head / d counted twice (the output projection's gain carries
+    it): 47-55% low and 30% high."""
     import test_operations as H
     from initadvisor.core.ops import Attention
 
-    op = Attention(H.params(model={"heads": 1}, init={"std": 0.05, "v": {"std": 0.1}, "qk_beta": qk_beta}))
-    measured = H._numpy_moments(op, H._numpy)[0][2]
+    op = Attention(H.params(model=model, init={"std": 0.05, "v": {"std": 0.1}, "qk_beta": qk_beta}))
+    (_, _, mgq, mgp), (_, _, _, sgp) = H._numpy_moments(op, H._numpy)
     cache = op.moments(H.INPUTS["q"], H.INPUTS["p"])[2]
-    predicted = op.moments_backward(H.INPUTS["gq"], H.INPUTS["gp"], cache)[0]
+    predicted, predicted_p = op.moments_backward(H.INPUTS["gq"], H.INPUTS["gp"], cache)
     value_only = op.moments_backward(H.INPUTS["gq"], H.INPUTS["gp"], replace(cache, qk=(0.0, 0.0)))[0]
-    assert abs(predicted / measured - 1) <= 0.30, (predicted, measured)
-    assert value_only / measured < 0.5, (value_only, measured)
-    assert float(cache.qk_share) >= 0.4
+    assert abs(predicted / mgq - 1) <= 0.30, (predicted, mgq)
+    assert abs(predicted_p - mgp) <= 0.10 * abs(mgp) + 4 * sgp, (predicted_p, mgp, sgp)
+    assert value_only / mgq < 0.5, (value_only, mgq)
+    assert float(cache.qk_share) >= 0.25

@@ -490,20 +490,20 @@ class Attention:
         d_ts = A_ts G_t.(V_s - O_t) has E sum_s d_ts^2 = E tr(M^2) g_V (q - p) d_head gq, E tr(M^2) = Y2 - 2 Y3 + Y2^2
         (the softmax Jacobian, exact at finite T). W_Q carries it back over the keys' spread, W_K over the queries'
         spread and, through the queries' common part kappa p + b_Q^2 (rotary: its share over pairs), over the column
-        sums of d: (T - 1) Yp E tr(M^2) / Y2 per row, times gp. With beta^2 ln T = (s_Q s_K d)^2 scale^2 d_head:
-        a = 2 beta^2 ln T (q - kappa p) g_V (q - p) E tr(M^2) H d_head / d, b the same with (kappa p + b_Q^2) / (q - p)
-        and the column sums. O(1/T) in the uniform phase when gp = 0, dominant once attention localises; 0 for
-        T = inf and for causal rows."""
+        sums of d: (T - 1) Yp E tr(M^2) / Y2 per row, times gp. With beta^2 ln T = (s_Q s_K d)^2 scale^2 d_head and
+        the heads' H d_head / d: a = 2 beta^2 ln T (q - kappa p) g_V (q - p) E tr(M^2) H d_head / d, b the same with
+        (kappa p + b_Q^2) / (q - p) and the column sums. H d_head / d is already in gq: the backward's g_O gq is
+        std_O^2 H d_head gq where the gradient at O is std_O^2 d gq. O(1/T) in the uniform phase when gp = 0, dominant
+        once attention localises; 0 for T = inf and for causal rows."""
         P = self.P
-        width = P.heads * P.d_head / P.d_model if P.d_model else 1.0
+        if P.causal:  # left to a position-resolved backward: on the late-token pair it overshoots deep causal stacks
+            return 0.0, 0.0  # (5x-6000x at beta >= beta_c; one causal layer alone: within 3% of the Monte-Carlo)
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             s2 = 2.0 * np.divide(P.beta, bc) ** 2 * np.log(P.seq_len)  # (a window's n keys: the same at beta_n, ln n)
             jt = G.jacobian_trace(y2, y3, y22)
-            base = s2 / qq * P.g_v * (q - p) * width  # beta^2 ln T (q - kappa p) g_V (q - p) H d_head / d
+            base = s2 / qq * P.g_v * (q - p)  # beta^2 ln T (q - kappa p) g_V (q - p)
             a = 2.0 * base * jt
             b = base * (kp + P.q_bias) / np.maximum(q - p, 1e-300) * (P.seq_len - 1.0) * yp * jt / y2
-        if P.causal:  # left to a position-resolved backward: on the late-token pair it overshoots deep causal stacks
-            return 0.0, 0.0  # (5x-6000x at beta >= beta_c; one causal layer alone: within 3% of the Monte-Carlo)
         return np.where(np.isfinite(a), a, 0.0), np.where(np.isfinite(b), b, 0.0)
 
     def _keys(self, T):
