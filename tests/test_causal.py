@@ -352,3 +352,46 @@ def test_reduced_form_on_long_sequences():
         spec = causal_spec(norm="pre", act="gelu", beta=0.5, T=T, L=L, g_vo=1.0, rho0=0.1)
         tr = run_causal(spec)
         assert tr.q.shape == (L + 1, T) and np.all(np.isfinite(tr.rho_thirds))
+
+
+# ------------------------------------------------------------------------------------------------
+# The position-resolved backward (issue 13, deliverable 4)
+
+
+@pytest.mark.parametrize("T, single, ratio", [(20, 4, 1.3), (60, 8, 1.2), (9, 32, 1.05)])
+def test_row_transpose_exact_on_grouped_state(T, single, ratio):
+    """mix_backward_rows against the T x T sum it reduces, sum_{t, t'} E[A_ts A_t's'] C[t, t'] with C the lifted
+    gradient state (constant within group pairs, g_t on the diagonal), E A_ts^2 = d_t / t, E A_ts A_ts' =
+    (s2_t - d_t) / (t (t - 1)) within a row and 1 / (t t') across rows: every position's diagonal and every group
+    pair's mean over s != s', to 1e-12, with attention dropout and uneven IPRs."""
+    from initadvisor.core import causal as cz
+
+    rng = np.random.default_rng(T)
+    G = cz._grid(T, single, ratio)
+    g = rng.uniform(0.5, 2.0, T)
+    P = rng.normal(0.0, 0.3, (len(G.n),) * 2)
+    P = (P + P.T) / 2
+    P[G.single, G.single] = 0.0
+    y2 = np.minimum(1.0, rng.uniform(1.0, 3.0, T) / G.m)
+    y2[0] = 1.0
+    drop = 0.2
+    d, s2 = y2 / (1 - drop), 1 + y2 * drop / (1 - drop)
+    C = P[G.gid][:, G.gid]
+    np.fill_diagonal(C, g)
+    X = np.zeros((T, T))
+    for t in range(T):
+        k = t + 1
+        E = np.full((k, k), (s2[t] - d[t]) / (k * (k - 1)) if k > 1 else 0.0)
+        np.fill_diagonal(E, d[t] / k)
+        X[:k, :k] += E * C[t, t]
+        for u in range(T):
+            if u != t:
+                X[:k, :u + 1] += C[t, u] / (k * (u + 1))
+    out = cz.mix_backward_rows(G, cz.State(g, P), y2, drop)
+    off = X - np.diag(np.diag(X))
+    onehot = np.eye(len(G.n))[G.gid]
+    pairs = np.outer(G.n, G.n) - np.diag(G.n)
+    mean = np.where(pairs > 0, onehot.T @ off @ onehot / np.maximum(pairs, 1), 0.0)
+    assert np.abs(out.qf - np.diag(X)).max() < 1e-12
+    assert np.abs(out.P - mean).max() < 1e-12
+

@@ -131,7 +131,8 @@ def _result(family: str, tmp_path_factory) -> dict:
     tr = run_spec(spec)
     rep = check(spec)  # what `initadvisor check config.json` predicts (causal: position-resolved averages)
     pred = {"q": np.array([r["q"] for r in rep["layers"]]), "rho": np.array([r["rho"] for r in rep["layers"]]),
-            "rho_late": np.array(rep["causal"]["rho_late"]) if rep["causal"] else tr.rho}
+            "rho_late": np.array(rep["causal"]["rho_late"]) if rep["causal"] else tr.rho,
+            "grad_q": np.array([r["grad_q"] for r in rep["layers"]])}  # causal: position-resolved
     t0 = time.perf_counter()
     causal = spec.causal  # the IPR is compared for the encoder only (causal rows have t + 1 keys)
     model = pytest.importorskip("transformers").AutoModel.from_config(
@@ -165,7 +166,7 @@ def rho_abs_err(r: dict, late: bool = False) -> np.ndarray:
 
 def grad_rel_err(r: dict) -> np.ndarray:
     """|predicted / measured - 1| of grad_q_i / grad_q_L over i = 0..L-1 (index L is 1 by definition)."""
-    return np.abs(r["trace"].grad_q[:-1] / r["m"]["grad_q_norm"][:-1] - 1.0)
+    return np.abs(r["pred"]["grad_q"][:-1] / r["m"]["grad_q_norm"][:-1] - 1.0)
 
 
 def ipr_rel_err(r: dict) -> np.ndarray:
@@ -183,7 +184,7 @@ def _table(r: dict) -> str:
     for i in range(L + 1):
         rows.append(f"{i:2d} {pr['q'][i]:8.5f} {m['q'][i]:8.5f} {m['q_thirds'][i, 2]:7.5f} | {pr['rho'][i]:8.4f} "
                     f"{m['rho'][i]:8.4f} {m['rho_thirds'][i, 2]:8.4f} ({m['rho_se'][i]:.4f}) | "
-                    f"{tr.grad_q[i]:14.4f} {m['grad_q_norm'][i]:14.4f} ({m['grad_q_norm_se'][i]:.4f})")
+                    f"{pr['grad_q'][i]:14.4f} {m['grad_q_norm'][i]:14.4f} ({m['grad_q_norm_se'][i]:.4f})")
     return "\n".join(rows)
 
 

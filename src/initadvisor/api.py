@@ -269,8 +269,10 @@ def verify(source: Source, *, backend: str = "numpy", device: str = "cpu", seeds
         per_seed = [simulate(spec, seeds=1, batch=batch, rng_seed=s, dtype=np.float32, weight_grads=False)
                     for s in range(seeds)]
     net = from_spec(spec)
-    ct = causal_trace(net)  # causal models: compare with the position-resolved averages over all tokens
+    ct = causal_trace(net, backward=True)  # causal models: compare with the position-resolved averages over all tokens
     resolved = None if ct is None else {"rho": ct.rho_mean, "q": ct.q.mean(axis=1), "ipr": ct.y2.mean(axis=1)}
+    if ct is not None and ct.grad_q is not None:
+        resolved.update(grad_q=ct.grad_q, grad_p=ct.grad_p)
     # standard errors over seeds: the sequences of one initialisation share its weights (see pool_seeds)
     data = compare(spec, propagate(net), pool_seeds(per_seed), tol=tol, rtol=rtol, theory=resolved)
     data["measurement"] = {"backend": backend, "seeds": seeds, "batch": batch,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -92,12 +92,13 @@ def growth(stack: Stack, trace: Trace) -> dict:
 CAUSAL_CELLS = 10**7  # the position-resolved engine keeps (layers + 1) x T arrays: about 240 MB at this size
 
 
-def causal_trace(stack: Stack):
+def causal_trace(stack: Stack, backward: bool = False):
     """The position-resolved prediction for causal models and for bidirectional ones with sliding windows (None
-    otherwise, or beyond CAUSAL_CELLS / WINDOW_CELLS)."""
+    otherwise, or beyond CAUSAL_CELLS / WINDOW_CELLS); backward: with the gradient where it resolves it (causal
+    rows over all keys)."""
     if not (stack.layers[0].causal or stack.windowed) or not resolvable(stack):
         return None
-    return propagate_causal(stack)
+    return propagate_causal(stack, backward=backward)
 
 
 WINDOW_CELLS = 2 * 10**7  # sliding-window rows run at full resolution: (layers + 1) x T^2 overlaps at most (~3 s)
@@ -167,7 +168,9 @@ def analyse(spec, stack: Stack | None = None) -> Analysis:
     from it: every analysis sees the same per-layer model."""
     stack = from_spec(spec) if stack is None else stack
     trace = propagate(stack)
-    ct = causal_trace(stack)
+    ct = causal_trace(stack, backward=True)
+    if ct is not None and ct.grad_q is not None:  # the gradient is carried by every position, not the late pair
+        trace = replace(trace, grad_q=ct.grad_q, grad_p=ct.grad_p, grad_scale=ct.grad_q[0])
     return Analysis(stack, trace, ct, growth(stack, trace), width(stack, trace), *qk_laws(stack, trace),
                     initial_loss(spec, trace, stack, ct), routing(spec, trace))
 

@@ -73,6 +73,7 @@ __all__ = ["CausalTrace", "propagate_overlaps", "pair_kernel", "thirds", "summar
 _GELU = ("gelu", "geglu", "gelu_tanh")  # tanh-GeLU by GeLU's closed form, as kernels.forward (< 0.1% apart)
 _SINGLE = 32  # positions 1.._SINGLE are their own group
 _RATIO = 1.05  # then each group ends at about _RATIO x the previous edge (K ~ 120 groups at T = 2048)
+_KEEP_CELLS = 4 * 10**6  # the backward keeps every block's forward caches up to this many numbers (32 MB)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -105,6 +106,8 @@ class CausalTrace:
     beta_c: np.ndarray
     attention_output_variance_layer1: np.ndarray
     overlap: np.ndarray | None = field(default=None, repr=False)
+    grad_q: np.ndarray | None = None  # (L+1,) mean over positions of the gradient's q, 1 at index L (backward=True)
+    grad_p: np.ndarray | None = None  # (L+1,) its mean over pairs of positions m != n, over index L's q
 
     @property
     def rho_last(self) -> np.ndarray:
@@ -173,6 +176,12 @@ class _Grid:
     hi: np.ndarray  # (K, K) max(g, h)
     third_groups: tuple  # group index ranges of the three thirds
     single: np.ndarray  # (K,) bool: singleton groups
+    # the backward's column sums of uniform causal rows (mix_backward_rows)
+    Hs: np.ndarray  # (K,) sum over the group of 1/m
+    S2: np.ndarray  # (K,) sum of 1/m^2
+    J: np.ndarray  # (K,) sum of i/m^2 / n
+    J2: np.ndarray  # (K,) sum of i^2/m^2 / n^2
+    Wc: np.ndarray  # (K, K) Wc[a, g] = sum over rows m of a of the mean over keys s of g of W_ms (W_ms = 1/m, s <= m)
 
     def segsum(self, x: np.ndarray) -> np.ndarray:
         return np.add.reduceat(x, self.start)
@@ -219,9 +228,12 @@ def _grid(T: int, single: int, ratio: float) -> _Grid:
     Amax = 2.0 * seg((i - 1.0) * u) * inv_pairs  # position n is the later one of i - 1 pairs (each ordered twice)
     idx = np.arange(K)
     k1, k2 = int(np.searchsorted(edges, T // 3)), int(np.searchsorted(edges, (2 * T) // 3))
+    Wc = np.where(np.greater.outer(idx, idx), su[:, None], 0.0)
+    Wc[idx, idx] = siu / n
     return _Grid(T=T, edges=edges, start=start, n=n, gid=gid, m=m, i=i, A=su / n, B=siu / n, A2=A2, Bt=Bt,
                  E=E, Amax=Amax, pairs=pairs, lo=np.minimum.outer(idx, idx), hi=np.maximum.outer(idx, idx),
-                 third_groups=((0, k1), (k1, k2), (k2, K)), single=n_int == 1)
+                 third_groups=((0, k1), (k1, k2), (k2, K)), single=n_int == 1, Hs=su, S2=seg(u * u),
+                 J=seg(i * u * u) / n, J2=seg(i * i * u * u) / (n * n), Wc=Wc)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -372,6 +384,8 @@ class AttentionRows:
     y2: np.ndarray
     beta_c: np.ndarray
     var: np.ndarray  # per-position attention branch output q (after W_O, before dropout)
+    qk: np.ndarray | float = 0.0  # per row: the query/key path's gain (Attention._qk_rows)
+    qk_share: float = 0.0  # set by the backward: the share of the gradient's q at the input through that path
 
 
 def gmean(G: _Grid, x: np.ndarray) -> np.ndarray:
@@ -412,13 +426,14 @@ def _summary(G: _Grid, S: State) -> tuple[float, np.ndarray, np.ndarray]:
 # The model
 
 
-def propagate_overlaps(blocks: Sequence[tuple], q0: float, p0: float, T: int,
-                       keep_overlap: bool = False, single: int = _SINGLE, ratio: float = _RATIO) -> CausalTrace:
+def propagate_overlaps(blocks: Sequence[tuple], q0: float, p0: float, T: int, keep_overlap: bool = False,
+                       single: int = _SINGLE, ratio: float = _RATIO, backward: bool = False) -> CausalTrace:
     """Run a causal stack (blocks: tuples of ops.py operations) from the simplex input C = p0 11^T + (q0 - p0) I
-    on the grouped state.
+    on the grouped state; backward: then the gradient of sum_m x_m . G_m (G i.i.d. per position, as simulate.py)
+    back through it on the same state.
 
     single / ratio set the position groups (group_edges); single >= T is the full T x T resolution."""
-    from initadvisor.core.ops import Attention, causal_forward, find  # ops.py builds on this module's state
+    from initadvisor.core.ops import Attention, causal_backward, causal_forward, find  # ops.py builds on this module
 
     T = int(T)
     if T < 2:
@@ -441,16 +456,44 @@ def propagate_overlaps(blocks: Sequence[tuple], q0: float, p0: float, T: int,
         qs[k] = S.qf
         rho[k], r3[k], q3[k] = _summary(G, S)
 
-    record(0, S)
-    for k, ops in enumerate(blocks):
+    def step(k: int, S: State) -> tuple[State, list]:
         with np.errstate(over="ignore", invalid="ignore"):
-            S, caches = causal_forward(ops, G, S)
-        S = _clamp(G, S)
+            S, caches = causal_forward(blocks[k], G, S)
+        return _clamp(G, S), caches
+
+    # the backward needs every block's caches (about 3 K^2 + 10 T numbers): kept when small, else the forward
+    # keeps the state entering every stride-th block and runs each segment again (one more forward pass)
+    stride = L if L * (T + 3 * K * K) <= _KEEP_CELLS else max(1, math.isqrt(L))
+    kept, starts = [], {}
+    record(0, S)
+    for k in range(L):
+        if backward and k % stride == 0:
+            starts[k] = S
+        S, caches = step(k, S)
         record(k + 1, S)
-        rows = find(ops, caches, Attention)
+        rows = find(blocks[k], caches, Attention)
         y2[k], bcs[k] = rows.y2, rows.beta_c
         if k == 0:
             var1 = rows.var.copy()
+        if backward and stride == L:
+            kept.append(caches)
+    gq = gp = None
+    if backward:
+        gq, gp = np.empty(L + 1), np.empty(L + 1)
+        D = State(np.ones(T), np.zeros((K, K)))
+        gq[L], gp[L] = 1.0, 0.0
+        for a in sorted(starts, reverse=True):
+            b = min(a + stride, L)
+            if stride < L:
+                kept, Sa = [], starts.pop(a)
+                for k in range(a, b):
+                    Sa, caches = step(k, Sa)
+                    kept.append(caches)
+            for k in range(b - 1, a - 1, -1):
+                with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                    D = clamp_grad(G, causal_backward(blocks[k], G, D, kept[k - a]))
+                kept[k - a] = None
+                gq[k], gp[k] = float(D.qf.mean()), pair_mean(G, D.P)
     overlap = None
     if keep_overlap:
         overlap = S.P[G.gid][:, G.gid]
@@ -460,4 +503,108 @@ def propagate_overlaps(blocks: Sequence[tuple], q0: float, p0: float, T: int,
             r3[:, j] = rho
             q3[:, j] = qs[:, lo:hi].mean(axis=1) if hi > lo else qs.mean(axis=1)
     return CausalTrace(q=qs, rho_mean=rho, rho_thirds=r3, q_thirds=q3, y2=y2, beta_c=bcs,
-                       attention_output_variance_layer1=var1, overlap=overlap)
+                       attention_output_variance_layer1=var1, overlap=overlap, grad_q=gq, grad_p=gp)
+
+
+# ------------------------------------------------------------------------------------------------
+# The backward on the same reduced state: qf the gradient's per-position second moment g_m = E|dL/dx_m|^2 / d,
+# P the group-pair means of E[dL/dx_m . dL/dx_n] / d (m != n). Position-wise operations scale g_m by their
+# position's factor and P by the groups' (ops.py `causal_backward`); causal attention sums over its rows.
+
+
+def suffix_within(G: _Grid, x: np.ndarray) -> np.ndarray:
+    """Inclusive suffix sum within each group: sum of x over positions of m's group at or after m."""
+    return G.segsum(x)[G.gid] - G.cum_within(x) + x
+
+
+def mix_backward_rows(G: _Grid, S: State, y2: np.ndarray, drop: float = 0.0) -> State:
+    """The gradient at the values from the gradient at the attention output (value path, uniform causal rows):
+    dv_s = sum_{t >= s} A_ts do_t with E A_ts^2 = d_t / t, E A_ts A_ts' = (s2_t - d_t) / (t (t - 1)) within a row
+    (d_t = Y2_t / keep, s2_t = 1 + Y2_t drop / keep: the moments of mixing()) and E A_ts A_t's' = 1 / (t t') across
+    rows (the rows' annealed overlap beyond uniform, e^(rho v), is left out: O(v) in the uniform phase).
+
+    Per position s:  g_s' = sum_{t >= s} d_t g_t / t + sum_{t != t' >= s} P_tt' / (t t');
+    per group pair:  the mean over s in g, s' in h (s != s') of sum_{t >= max(s, s')} (s2_t - d_t) g_t / (t (t - 1))
+                     + sum_{t != t'} W_ts W_t's' P_tt',
+    the second one as Wc^T P Wc (Wc: grid column sums) less the lift's t = t' terms, exact for a state constant
+    within groups."""
+    K, gid, n, m = len(G.n), G.gid, G.n, G.m
+    keep = 1.0 - drop
+    d = y2 / keep
+    s2 = 1.0 + y2 * drop / keep
+    g = S.qf
+    Pm = S.P.copy()
+    Pm[G.single, G.single] = 0.0
+    c = np.diag(Pm).copy()  # the within-group pair mean, lifted onto the diagonal and taken off again
+    idx = np.arange(K)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        diag, out = row_sums(G, d * g / m, np.where(m > 1, (s2 - d) * g / (m * (m - 1.0)), 0.0))
+
+    # from the pairs P_tt'
+    sufS = (c * G.S2).sum() - np.cumsum(c * G.S2)  # sum over groups after a of c_b S2_b
+    X = G.Wc.T @ Pm @ G.Wc
+    X -= sufS[G.hi] + c[G.hi] * G.J[G.hi]
+    X[idx, idx] += G.J[idx] * c - G.J2 * c  # the diagonal: J2 in place of J
+    M = Pm * np.multiply.outer(G.Hs, G.Hs)
+    SS = np.cumsum(np.cumsum(M[::-1, ::-1], axis=0), axis=1)[::-1, ::-1]  # SS[a, b] = sum over a' >= a, b' >= b
+    Q = np.append(np.diag(SS)[1:], 0.0)  # groups after g on both sides
+    R = np.cumsum((Pm * G.Hs[None, :])[:, ::-1], axis=1)[:, ::-1]
+    R = np.append(R[idx[:-1], idx[:-1] + 1], 0.0)  # sum over b > g of P[g, b] Hs_b
+    U, V = suffix_within(G, 1.0 / m), suffix_within(G, 1.0 / (m * m))
+    diag_p = Q[gid] + 2.0 * U * R[gid] + c[gid] * (U * U - V) - sufS[gid]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        within = (n * n * np.diag(X) - G.segsum(diag_p)) / np.maximum(G.pairs, 1.0)
+    X[idx, idx] = within
+    out += X
+    out[G.single, G.single] = 0.0
+    return State(diag + diag_p, out)
+
+
+def row_sums(G: _Grid, f_diag: np.ndarray, f_pair: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What rows t send back to their keys s <= t: per position sum_{t >= s} f_diag_t, and per group pair the mean
+    over keys s in g, s' in h (s != s') of sum_{t >= max(s, s')} f_pair_t (the later group's share i / n)."""
+    idx, i, n = np.arange(len(G.n)), G.i, G.n
+    diag = np.cumsum(f_diag[::-1])[::-1]
+    seg = G.segsum(f_pair)
+    after = seg.sum() - np.cumsum(seg)  # positions after group a
+    out = (after + G.segsum(f_pair * i) / n)[G.hi]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out[idx, idx] = after + G.segsum(f_pair * i * (i - 1.0)) / np.maximum(G.pairs, 1.0)
+    return diag, out
+
+
+def self_dkernel(act: str, q: np.ndarray) -> np.ndarray:
+    """E[phi'(u)^2], u ~ N(0, q), per entry of q (gated: the gate's activation)."""
+    if act == "relu":
+        return np.full_like(q, 0.5)
+    if act == "linear":
+        return np.ones_like(q)
+    key = np.round(np.log(np.maximum(q, 1e-300)).ravel() * 1e6)
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    f = kernels.PHI[{"swiglu": "silu", "geglu": "gelu", "gelu_tanh": "gelu"}.get(act, act)][1]
+    return _series_coeffs(f, q.ravel()[first])[1][inv.reshape(q.shape)]
+
+
+def cross_dkernel(act: str, a: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """E[phi'(u) phi'(v)] for every entry of C: Var u = a[row], Var v = a[col], Cov = C (004 A.4 for ReLU)."""
+    if act == "relu":
+        r = np.clip(C / np.sqrt(np.multiply.outer(a, a)), -1.0, 1.0)
+        return 0.25 + np.arcsin(r) / (2 * np.pi)
+    if act == "linear":
+        return np.ones_like(C)
+    return _series_pair(kernels.PHI[{"swiglu": "silu", "geglu": "gelu", "gelu_tanh": "gelu"}.get(act, act)][1], a, C)
+
+
+def clamp_grad(G: _Grid, S: State) -> State:
+    """g into [0, HUGE] (overflow and NaN become HUGE), pair means within +-sqrt(g_a g_b) of their groups."""
+    g = np.clip(np.nan_to_num(S.qf, nan=att.HUGE, posinf=att.HUGE), 0.0, att.HUGE)
+    gg = gmean(G, g)
+    bound = np.sqrt(np.multiply.outer(gg, gg))
+    return State(g, np.clip(np.nan_to_num(S.P, nan=0.0), -bound, bound))
+
+
+def pair_mean(G: _Grid, P: np.ndarray) -> float:
+    """Mean over ordered pairs m != n of all positions of a group-pair state."""
+    M = P * np.multiply.outer(G.n, G.n)
+    M[np.diag_indices(len(G.n))] = G.pairs * np.diag(P)
+    return float(M.sum()) / (G.T * (G.T - 1.0))

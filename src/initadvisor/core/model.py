@@ -133,12 +133,20 @@ def _stack(xs: list, shape: tuple) -> np.ndarray:
     return out
 
 
-def propagate_causal(stack: Stack, keep_overlap: bool = False):
+def propagate_causal(stack: Stack, keep_overlap: bool = False, backward: bool = False):
     """Position-resolved forward prediction (causal.py); causal rows on position groups, sliding windows and
-    bidirectional rows at full resolution (every position its own group)."""
+    bidirectional rows at full resolution (every position its own group). backward: the gradient too, where
+    `resolves_backward` (else the trace's grad_q is None)."""
     from initadvisor.core.causal import propagate_overlaps
 
     q0, p0 = stack.embeddings.moments()
     T = stack.embeddings.seq_len
     full = stack.windowed or not stack.layers[0].causal  # sliding windows, bidirectional rows: position by position
-    return propagate_overlaps(stack.blocks, q0, p0, T, keep_overlap=keep_overlap, **({"single": T} if full else {}))
+    return propagate_overlaps(stack.blocks, q0, p0, T, keep_overlap=keep_overlap,
+                              backward=backward and resolves_backward(stack), **({"single": T} if full else {}))
+
+
+def resolves_backward(stack: Stack) -> bool:
+    """The position-resolved backward's reach: causal rows over all keys, not centered."""
+    P = stack.layers[0]
+    return bool(P.causal) and not stack.windowed and not any(L.centered for L in stack.layers)

@@ -144,6 +144,12 @@ def causal_forward(ops, G, S) -> tuple[Any, list]:
     return S, caches
 
 
+def causal_backward(ops, G, S, caches):
+    for op, c in zip(reversed(ops), reversed(caches)):
+        S = op.causal_backward(G, S, c)
+    return S
+
+
 def numpy_forward(ops, x, W: dict, rng) -> tuple[np.ndarray, list]:
     """W: the block's weights, {id(op): {name: array}} (`draws` says what each operation draws)."""
     caches = []
@@ -265,7 +271,13 @@ class Norm:
         g2 = float(self.gain) ** 2
         r = S.qf + self.eps
         w = cz.gmean(G, 1.0 / np.sqrt(r))
-        return cz.State(g2 * S.qf / r, g2 * S.P * np.multiply.outer(w, w)), None
+        return cz.State(g2 * S.qf / r, g2 * S.P * np.multiply.outer(w, w)), (r, w)
+
+    def causal_backward(self, G, S, cache):
+        """Per position: g^2 / (q_m + eps), as moments_backward."""
+        r, w = cache
+        g2 = float(self.gain) ** 2
+        return cz.State(g2 * S.qf / r, g2 * S.P * np.multiply.outer(w, w))
 
     def draws(self):
         return ()
@@ -316,6 +328,9 @@ class Dropout:
         if not self.rate:
             return S, None
         return cz.State(S.qf / (1.0 - float(self.rate)), S.P), None
+
+    def causal_backward(self, G, S, cache):
+        return self.causal(G, S)[0]
 
     def draws(self):
         return ()
@@ -388,6 +403,17 @@ class Residual:
             out = cz.State(s2 * S.qf + b2 * F.qf, s2 * S.P + b2 * F.P) if i == 0 else \
                 cz.State(out.qf + b2 * F.qf, out.P + b2 * F.P)
         return out, (cs, caches)
+
+    def causal_backward(self, G, S, cache):
+        cs, caches = cache
+        acc = None
+        for (b, ops), c in zip(self.branches, caches):
+            b2 = float(b) ** 2
+            B = causal_backward(ops, G, cz.State(b2 * S.qf, b2 * S.P), c)
+            acc = B if acc is None else cz.State(acc.qf + B.qf, acc.P + B.P)
+        acc = causal_backward(self.shared, G, acc, cs)
+        s2 = float(self.skip) ** 2
+        return cz.State(s2 * S.qf + acc.qf, s2 * S.P + acc.P)
 
     def draws(self):
         return ()
@@ -599,6 +625,16 @@ class Attention:
         out[G.single, G.single] = 0.0
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
         return O, cz.AttentionRows(y2, bc, O.qf)
+
+    def causal_backward(self, G, S, rows):
+        """W_O, the causal rows' transpose (causal.mix_backward_rows: row t's moments at its t keys), W_V; the
+        query/key path is left out (O(1/t) per row in the uniform phase)."""
+        P = self.P
+        if P.centered or (P.window and P.window < G.T) or not P.causal:
+            raise ValueError("the position-resolved backward has causal rows over all keys only")
+        g_o, g_v = float(P.g_o), float(P.g_v)
+        B = cz.mix_backward_rows(G, cz.State(g_o * S.qf, g_o * S.P), rows.y2, float(P.attn_dropout))
+        return cz.State(g_v * B.qf, g_v * B.P)
 
     def _causal_window(self, G, S):
         """Row m attends to the keys K_m = [lo_m, hi_m] (w_m of them): [m - window + 1, m] causal, within window // 2
@@ -880,9 +916,22 @@ class MLP:
         C1 = cz.State(*linear(S.qf, S.P, float(P.g_1), float(P.b_12)))
         kd = cz.self_kernel(P.activation, C1.qf)
         ko = cz.cross_kernel(P.activation, cz.gmean(G, C1.qf), C1.P)
+        out = kd, ko
         if P.activation in GATED:
-            kd, ko = kd * C1.qf, ko * C1.P
-        return cz.State(*linear(kd, ko, float(P.g_2), float(P.b_22))), None
+            out = kd * C1.qf, ko * C1.P
+        return cz.State(*linear(*out, float(P.g_2), float(P.b_22))), (C1, kd, ko)
+
+    def causal_backward(self, G, S, cache):
+        """As moments_backward per position (g_m by E phi'^2 at q1_m) and per group pair (E phi' phi' at the groups'
+        mean q1 and their overlap)."""
+        P = self.P
+        C1, kd, ko = cache
+        dd = cz.self_dkernel(P.activation, C1.qf)
+        do = cz.cross_dkernel(P.activation, cz.gmean(G, C1.qf), C1.P)
+        if P.activation in GATED:  # gate path + up path
+            dd, do = dd * C1.qf + kd, do * C1.P + ko
+        gain = float(P.g_1b) * float(P.g_2b)
+        return cz.State(gain * dd * S.qf, gain * do * S.P)
 
     def draws(self):
         """W1 (W_up when gated) and W2 with the matrices, biases in phase 1, the gate's pair in phase 2."""
@@ -974,13 +1023,20 @@ class MoE:
 
     def causal(self, G, S):
         """Per position A at q_m; per group pair B at the pair's correlation (s from the pair's mean q)."""
-        C, _ = self.expert.causal(G, S)
+        C, c = self.expert.causal(G, S)
         qg = cz.gmean(G, S.qf)
         qq = np.sqrt(np.multiply.outer(qg, qg))
-        A = self._stats(S.qf, S.qf)[0]
-        B = self._stats(qq, S.P)[1]
+        A, _, F, _ = self._stats(S.qf, S.qf)
+        _, B, _, Fx = self._stats(qq, S.P)
         n = self.P.shared_experts
-        return cz.State((A + n) * C.qf, (B + n) * C.P), None
+        return cz.State((A + n) * C.qf, (B + n) * C.P), (c, C, A, B, F, Fx)
+
+    def causal_backward(self, G, S, cache):
+        """As moments_backward: the experts' path per position and group pair, and the router's."""
+        c, C, A, B, F, Fx = cache
+        D = self.expert.causal_backward(G, S, c)
+        n, g_r = self.P.shared_experts, float(self.P.g_r)
+        return cz.State((A + n) * D.qf + g_r * C.qf * S.qf * F, (B + n) * D.P + g_r * C.P * S.P * Fx)
 
     def _members(self) -> list[tuple[str, MLP]]:
         P = self.P
