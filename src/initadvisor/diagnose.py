@@ -170,7 +170,7 @@ def analyse(spec, stack: Stack | None = None) -> Analysis:
     trace = propagate(stack)
     ct = causal_trace(stack, backward=True)
     if ct is not None and ct.grad_q is not None:  # the gradient is carried by every position, not the late pair
-        trace = replace(trace, grad_q=ct.grad_q, grad_p=ct.grad_p, grad_scale=ct.grad_q[0])
+        trace = replace(trace, grad_q=ct.grad_q, grad_p=ct.grad_p, grad_scale=ct.grad_q[0], qk_share=ct.qk_share)
     return Analysis(stack, trace, ct, growth(stack, trace), width(stack, trace), *qk_laws(stack, trace),
                     initial_loss(spec, trace, stack, ct), routing(spec, trace))
 

@@ -525,7 +525,8 @@ RULES: dict[str, Rule] = {r.code: r for r in [
                 "dominant once it localises (beta near or above beta_c): the softmax Jacobian's trace "
                 "Y2 - 2 Y3 + Y2^2 times beta^2 ln T multiplies the gradient at every such block, so it grows "
                 "exponentially towards the input; the mechanism by which entropy collapse destabilises training.",
-        formula="2 beta^2 ln T (q - p) g_V (q - p) E tr(M^2) H d_head / d per block (Attention._qk_gain)",
+        formula="beta^2 ln T (2 q - p + b_Q^2) g_V (q - p) E tr(M^2) H d_head / d per block (Attention._qk_gain; "
+                "causal rows: per row at its t keys, Attention._qk_rows)",
         source="Giorlandino & Goldt 2025, Result 2 (the softmax Jacobian, traced back through W_Q and W_K)",
         fix="Lower beta below beta_c / 2 (the Q/K std, or the softmax scale under a QK-norm); `initadvisor "
             "recommend` gives the critical std.",

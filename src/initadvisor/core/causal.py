@@ -108,6 +108,8 @@ class CausalTrace:
     overlap: np.ndarray | None = field(default=None, repr=False)
     grad_q: np.ndarray | None = None  # (L+1,) mean over positions of the gradient's q, 1 at index L (backward=True)
     grad_p: np.ndarray | None = None  # (L+1,) its mean over pairs of positions m != n, over index L's q
+    qk_share: np.ndarray | None = None  # (L,) the share of the gradient's q at each attention input through its
+    # query/key path, over all positions
 
     @property
     def rho_last(self) -> np.ndarray:
@@ -384,7 +386,9 @@ class AttentionRows:
     y2: np.ndarray
     beta_c: np.ndarray
     var: np.ndarray  # per-position attention branch output q (after W_O, before dropout)
-    qk: np.ndarray | float = 0.0  # per row: the query/key path's gain (Attention._qk_rows)
+    qk: np.ndarray | float = 0.0  # per row: the query/key path's gain to the query (Attention._qk_rows)
+    qk_key: np.ndarray | float = 0.0  # and to the row's keys, together
+    keys: tuple | None = None  # windows and bidirectional rows (full resolution): row m's keys lo_m..hi_m, w_m of them
     qk_share: float = 0.0  # set by the backward: the share of the gradient's q at the input through that path
 
 
@@ -477,9 +481,9 @@ def propagate_overlaps(blocks: Sequence[tuple], q0: float, p0: float, T: int, ke
             var1 = rows.var.copy()
         if backward and stride == L:
             kept.append(caches)
-    gq = gp = None
+    gq = gp = share = None
     if backward:
-        gq, gp = np.empty(L + 1), np.empty(L + 1)
+        gq, gp, share = np.empty(L + 1), np.empty(L + 1), np.empty(L)
         D = State(np.ones(T), np.zeros((K, K)))
         gq[L], gp[L] = 1.0, 0.0
         for a in sorted(starts, reverse=True):
@@ -492,6 +496,7 @@ def propagate_overlaps(blocks: Sequence[tuple], q0: float, p0: float, T: int, ke
             for k in range(b - 1, a - 1, -1):
                 with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                     D = clamp_grad(G, causal_backward(blocks[k], G, D, kept[k - a]))
+                share[k] = find(blocks[k], kept[k - a], Attention).qk_share
                 kept[k - a] = None
                 gq[k], gp[k] = float(D.qf.mean()), pair_mean(G, D.P)
     overlap = None
@@ -503,7 +508,7 @@ def propagate_overlaps(blocks: Sequence[tuple], q0: float, p0: float, T: int, ke
             r3[:, j] = rho
             q3[:, j] = qs[:, lo:hi].mean(axis=1) if hi > lo else qs.mean(axis=1)
     return CausalTrace(q=qs, rho_mean=rho, rho_thirds=r3, q_thirds=q3, y2=y2, beta_c=bcs,
-                       attention_output_variance_layer1=var1, overlap=overlap, grad_q=gq, grad_p=gp)
+                       attention_output_variance_layer1=var1, overlap=overlap, grad_q=gq, grad_p=gp, qk_share=share)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -571,6 +576,49 @@ def row_sums(G: _Grid, f_diag: np.ndarray, f_pair: np.ndarray) -> tuple[np.ndarr
     with np.errstate(divide="ignore", invalid="ignore"):
         out[idx, idx] = after + G.segsum(f_pair * i * (i - 1.0)) / np.maximum(G.pairs, 1.0)
     return diag, out
+
+
+def readers(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows that read key s, an interval [a_s, b_s] when every row's keys are one ([lo_t, hi_t], both
+    non-decreasing in t): causal windows, bidirectional windows, all keys."""
+    s = np.arange(len(lo))
+    return np.searchsorted(hi, s, side="left"), np.searchsorted(lo, s, side="right") - 1
+
+
+def window_sums(f_diag: np.ndarray, f_pair: np.ndarray, lo: np.ndarray, hi: np.ndarray):
+    """row_sums at full resolution for rows over key intervals: per key sum over its readers of f_diag, per key
+    pair (s != s') the sum over their common readers of f_pair."""
+    a, b = readers(lo, hi)
+    c1 = np.concatenate([[0.0], np.cumsum(f_diag)])
+    c2 = np.concatenate([[0.0], np.cumsum(f_pair)])
+    first, last = np.maximum.outer(a, a), np.minimum.outer(b, b)
+    out = np.where(last >= first, c2[np.maximum(last, first - 1) + 1] - c2[first], 0.0)
+    out[np.diag_indices(len(lo))] = 0.0
+    return c1[b + 1] - c1[a], out
+
+
+def mix_backward_window(S: State, y2: np.ndarray, drop: float, lo: np.ndarray, hi: np.ndarray,
+                        w: np.ndarray) -> State:
+    """mix_backward_rows at full resolution for rows over key intervals (row t: keys lo_t..hi_t, w_t of them):
+    the cross-row part sum_{t in R_s, t' in R_s'} P_tt' / (w_t w_t') as box sums of the prefix-summed matrix over
+    the readers R_s x R_s' (t != t': P's diagonal is 0)."""
+    keep = 1.0 - drop
+    d = y2 / keep
+    s2 = 1.0 + y2 * drop / keep
+    g = S.qf
+    with np.errstate(invalid="ignore", divide="ignore"):
+        diag, out = window_sums(d * g / w, np.where(w > 1, (s2 - d) * g / (w * (w - 1.0)), 0.0), lo, hi)
+    Pt = S.P / np.multiply.outer(w, w)
+    np.fill_diagonal(Pt, 0.0)
+    T = len(w)
+    box = np.zeros((T + 1, T + 1))
+    np.cumsum(np.cumsum(Pt, axis=0), axis=1, out=box[1:, 1:])
+    a, b = readers(lo, hi)
+    X = box[b + 1][:, b + 1] - box[a][:, b + 1] - box[b + 1][:, a] + box[a][:, a]
+    diag = diag + np.diag(X)
+    out += X
+    np.fill_diagonal(out, 0.0)
+    return State(diag, out)
 
 
 def self_dkernel(act: str, q: np.ndarray) -> np.ndarray:

@@ -147,6 +147,6 @@ def propagate_causal(stack: Stack, keep_overlap: bool = False, backward: bool = 
 
 
 def resolves_backward(stack: Stack) -> bool:
-    """The position-resolved backward's reach: causal rows over all keys, not centered."""
-    P = stack.layers[0]
-    return bool(P.causal) and not stack.windowed and not any(L.centered for L in stack.layers)
+    """The position-resolved backward's reach: every stack the position-resolved forward runs (causal rows, sliding
+    windows), not centered."""
+    return (bool(stack.layers[0].causal) or stack.windowed) and not any(L.centered for L in stack.layers)

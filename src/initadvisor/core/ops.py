@@ -29,6 +29,7 @@ from initadvisor.core import attention as att
 from initadvisor.core import causal as cz
 from initadvisor.core import gradients as G
 from initadvisor.core import kernels, routing
+from initadvisor.core.softmax_rows import expected_y
 
 GATED = {"swiglu": "silu", "geglu": "gelu"}  # gated MLP -> the activation of its gate
 EULER_GAMMA = 0.5772156649015329
@@ -511,26 +512,33 @@ class Attention:
                                       self._qk_gain(q, p, kap * p, qq, bc, y2, yp, y3, y22))
 
     def _qk_gain(self, q, p, kp, qq, bc, y2, yp, y3, y22):
-        """The query/key path of the backward: (a, b) with a gq + b gp its gradient q per coordinate of the attention
-        input, gq and gp the gradient moments at the attention output (before W_O). The scores' gradient
-        d_ts = A_ts G_t.(V_s - O_t) has E sum_s d_ts^2 = E tr(M^2) g_V (q - p) d_head gq, E tr(M^2) = Y2 - 2 Y3 + Y2^2
-        (the softmax Jacobian, exact at finite T). W_Q carries it back over the keys' spread, W_K over the queries'
-        spread and, through the queries' common part kappa p + b_Q^2 (rotary: its share over pairs), over the column
-        sums of d: (T - 1) Yp E tr(M^2) / Y2 per row, times gp. With beta^2 ln T = (s_Q s_K d)^2 scale^2 d_head and
-        the heads' H d_head / d: a = 2 beta^2 ln T (q - kappa p) g_V (q - p) E tr(M^2) H d_head / d, b the same with
-        (kappa p + b_Q^2) / (q - p) and the column sums. H d_head / d is already in gq: the backward's g_O gq is
-        std_O^2 H d_head gq where the gradient at O is std_O^2 d gq. O(1/T) in the uniform phase when gp = 0, dominant
-        once attention localises; 0 for T = inf and for causal rows."""
+        """The query/key path of the backward: (a, a_key, b, x) with a gq + b gp its gradient q per coordinate of the
+        attention input (a_key of a: through the keys) and x gp the queries' share of its p, gq and gp the gradient
+        moments at the attention output (before W_O). The scores' gradient d_ts = A_ts G_t.(V_s - O_t) has E sum_s d_ts^2 = E tr(M^2) g_V (q - p) d_head gq,
+        E tr(M^2) = Y2 - 2 Y3 + Y2^2 (the softmax Jacobian, exact at finite T). W_Q carries it back over the keys'
+        spread q - kappa p; W_K over each query's whole norm q + b_Q^2 (its own row, t = t') and, through the queries'
+        common part kappa p + b_Q^2 (rotary: its share over pairs), over the column sums of d: (T - 1) Yp E tr(M^2)
+        / Y2 per row, times gp. With beta^2 ln T = (s_Q s_K d)^2 scale^2 d_head and the heads' H d_head / d:
+        a = beta^2 ln T (q - kappa p + q + b_Q^2) g_V (q - p) E tr(M^2) H d_head / d, b = beta^2 ln T
+        (q - kappa p) (kappa p + b_Q^2) g_V E tr(M^2) (T - 1) Yp / Y2 H d_head / d. Two queries' gradients correlate as
+        their rows' Jacobians overlap, E tr(M_t M_t') ~ E tr(M^2) Yp / Y2: x = a_query Yp / Y2 (without it the
+        operation's gp is 10-50% low past beta_c; the keys' part sums to zero over the keys: -1/(T - 1) of a_key gq
+        + b gp). H d_head / d is already in gq: the
+        backward's g_O gq is std_O^2 H d_head gq where the gradient at O is std_O^2 d gq. O(1/T) in the uniform phase
+        when gp = 0, dominant once attention localises; 0 for T = inf and for causal rows (position-resolved:
+        _qk_rows)."""
         P = self.P
         if P.causal:  # left to a position-resolved backward: on the late-token pair it overshoots deep causal stacks
-            return 0.0, 0.0  # (5x-6000x at beta >= beta_c; one causal layer alone: within 3% of the Monte-Carlo)
+            return 0.0, 0.0, 0.0, 0.0  # (5x-6000x at beta >= beta_c; one causal layer alone: within 3% of the Monte-Carlo)
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             s2 = 2.0 * np.divide(P.beta, bc) ** 2 * np.log(P.seq_len)  # (a window's n keys: the same at beta_n, ln n)
             jt = G.jacobian_trace(y2, y3, y22)
             base = s2 / qq * P.g_v * (q - p)  # beta^2 ln T (q - kappa p) g_V (q - p)
-            a = 2.0 * base * jt
+            a_key = s2 / np.maximum(q - kp, 1e-300) * P.g_v * (q - p) * jt  # beta^2 ln T qq g_V (q - p) E tr(M^2)
+            a = base * jt + a_key
             b = base * (kp + P.q_bias) / np.maximum(q - p, 1e-300) * (P.seq_len - 1.0) * yp * jt / y2
-        return np.where(np.isfinite(a), a, 0.0), np.where(np.isfinite(b), b, 0.0)
+            x = base * jt * yp / y2
+        return tuple(np.where(np.isfinite(v), v, 0.0) for v in (a, a_key, b, x))
 
     def _keys(self, T):
         """Keys per row: T, or a sliding window's (window causal, 2 (window // 2) + 1 bidirectional)."""
@@ -545,8 +553,9 @@ class Attention:
         gradients carry back through W_Q and W_K with random signs)."""
         P = self.P
         gq, gp = P.g_o * gq, P.g_o * gp
-        qk = c.qk[0] * gq + c.qk[1] * gp  # the key half of it sums to zero over the keys: its gp is -1/(T - 1) of it
-        qk_p = -(0.5 * c.qk[0] * gq + c.qk[1] * gp) / (self._keys(P.seq_len) - 1.0)
+        a, a_key, b, x = c.qk
+        qk = a * gq + b * gp
+        qk_p = x * gp - (a_key * gq + b * gp) / (self._keys(P.seq_len) - 1.0)
         if P.window and np.any(self._keys(P.seq_len) < P.seq_len):
             gq, gp = att.mix_backward(gq, gp, c.mom_b, self._keys(P.seq_len), False)
         else:
@@ -592,13 +601,12 @@ class Attention:
             pbar = np.where(m > 1, (tot - trace) / (m * np.maximum(m - 1.0, 1.0)), qbar)
         qb = float(P.q_bias)
         qq = qf + qb
-        if P.rope_theta:  # row m's keys 1..m see kappa_m of their common component
-            pbar = pbar * att.rope_rows(G.T, P.d_head, P.rope_theta, P.rope_fraction)
-        bc = self._qk_normed_beta_c(qbar, pbar, qq) if P.qk_norm != "none" else att.beta_c(qbar, pbar, qq)
+        kbar = pbar * att.rope_rows(G.T, P.d_head, P.rope_theta, P.rope_fraction) if P.rope_theta else pbar
+        bc = self._qk_normed_beta_c(qbar, kbar, qq) if P.qk_norm != "none" else att.beta_c(qbar, kbar, qq)
         y2, v = cz.rem_rows(P.beta, bc, lnT, m)
 
         g_v, b_v2 = float(P.g_v), float(P.b_v2)
-        gap_v = g_v * np.maximum(qbar - pbar, 0.0)
+        gap_v = g_v * np.maximum(qbar - kbar, 0.0)
         keep = 1.0 - float(P.attn_dropout)
         diag = (y2 - 1.0 / m) * gap_v + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
 
@@ -624,17 +632,43 @@ class Attention:
             diag += g_v * tot / (m * m) + b_v2
         out[G.single, G.single] = 0.0
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
-        return O, cz.AttentionRows(y2, bc, O.qf)
+        return O, cz.AttentionRows(y2, bc, O.qf, *self._qk_rows(bc, lnT, m, qq, qbar - kbar,
+                                                                g_v * np.maximum(qbar - pbar, 0.0)))
+
+    def _qk_rows(self, bc, lnT, m, qq, spread_k, spread_v):
+        """The query/key path's gains per causal row t (t keys), as _qk_gain's (query half, key half) with the row's
+        own geometry and its exact E tr(M^2) at t keys (softmax_rows)."""
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            s2 = 2.0 * np.divide(self.P.beta, bc) ** 2 * lnT
+            jt = G.jacobian_trace(*expected_y(np.sqrt(s2), m))
+            a_q = s2 / qq * spread_v * jt
+            a_k = s2 / np.maximum(spread_k, 1e-300) * spread_v * jt
+        return tuple(np.where(np.isfinite(x), x, 0.0) for x in (a_q, a_k))
 
     def causal_backward(self, G, S, rows):
-        """W_O, the causal rows' transpose (causal.mix_backward_rows: row t's moments at its t keys), W_V; the
-        query/key path is left out (O(1/t) per row in the uniform phase)."""
+        """W_O, the causal rows' transpose (causal.mix_backward_rows: row t's moments at its t keys), W_V, and the
+        query/key path: row t's scores' gradient back through W_Q to its query (rows.qk g_t) and through W_K to its
+        keys (rows.qk_key g_t / t each, summing to zero over them: -1/(t - 1) of it between two keys)."""
         P = self.P
-        if P.centered or (P.window and P.window < G.T) or not P.causal:
-            raise ValueError("the position-resolved backward has causal rows over all keys only")
-        g_o, g_v = float(P.g_o), float(P.g_v)
-        B = cz.mix_backward_rows(G, cz.State(g_o * S.qf, g_o * S.P), rows.y2, float(P.attn_dropout))
-        return cz.State(g_v * B.qf, g_v * B.P)
+        if P.centered:
+            raise ValueError("the position-resolved backward has no centered rows")
+        g_o, g_v, drop = float(P.g_o), float(P.g_v), float(P.attn_dropout)
+        g = g_o * S.qf
+        e, ek = rows.qk * g, rows.qk_key * g  # row t's query half, and its key half over its keys
+        if rows.keys is None:  # causal rows over all keys, on position groups
+            m = G.m
+            B = cz.mix_backward_rows(G, cz.State(g, g_o * S.P), rows.y2, drop)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                kd, kp = cz.row_sums(G, ek / m, np.where(m > 1, -ek / (m * (m - 1.0)), 0.0))
+        else:  # windows and bidirectional rows, position by position
+            B = cz.mix_backward_window(cz.State(g, g_o * S.P), rows.y2, drop, *rows.keys)
+            w = rows.keys[2]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                kd, kp = cz.window_sums(ek / w, np.where(w > 1, -ek / (w * (w - 1.0)), 0.0), *rows.keys[:2])
+        qk = e + kd
+        total = g_v * B.qf + qk
+        rows.qk_share = float(np.clip(qk.sum() / total.sum(), 0.0, 1.0)) if total.sum() > 0 else 0.0
+        return cz.State(total, g_v * B.P + kp)
 
     def _causal_window(self, G, S):
         """Row m attends to the keys K_m = [lo_m, hi_m] (w_m of them): [m - window + 1, m] causal, within window // 2
@@ -669,12 +703,13 @@ class Attention:
             pbar = np.where(w > 1, (np.diag(tot) - trace) / (w * np.maximum(w - 1.0, 1.0)), qbar)
         qb = float(P.q_bias)
         qq = qf + qb
-        if P.rope_theta:  # consecutive keys, w_m of them
-            pbar = pbar * att.rope_rows(T, P.d_head, P.rope_theta, P.rope_fraction)[w.astype(int) - 1]
-        bc = self._qk_normed_beta_c(qbar, pbar, qq) if P.qk_norm != "none" else att.beta_c(qbar, pbar, qq)
+        kbar = pbar  # consecutive keys, w_m of them
+        if P.rope_theta:
+            kbar = pbar * att.rope_rows(T, P.d_head, P.rope_theta, P.rope_fraction)[w.astype(int) - 1]
+        bc = self._qk_normed_beta_c(qbar, kbar, qq) if P.qk_norm != "none" else att.beta_c(qbar, kbar, qq)
         y2, v = cz.rem_rows(P.beta, bc, lnT, w)
         g_v, b_v2 = float(P.g_v), float(P.b_v2)
-        gap_v = g_v * np.maximum(qbar - pbar, 0.0)
+        gap_v = g_v * np.maximum(qbar - kbar, 0.0)
         keep = 1.0 - float(P.attn_dropout)
         shared = np.maximum(np.minimum.outer(hi, hi) - np.maximum.outer(lo, lo) + 1, 0) / np.multiply.outer(w, w)
         rho_q = (S.P + qb) / np.sqrt(np.multiply.outer(qq, qq))
@@ -686,7 +721,8 @@ class Attention:
             + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
         out[np.diag_indices(T)] = 0.0
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
-        return O, cz.AttentionRows(y2, bc, O.qf)
+        qk = self._qk_rows(bc, lnT, w, qq, qbar - kbar, g_v * np.maximum(qbar - pbar, 0.0))
+        return O, cz.AttentionRows(y2, bc, O.qf, *qk, keys=(lo, hi, w))
 
     def draws(self):
         """(name, shape, std, phase): matrices, then biases (phase 1); a zero bias std draws no bias."""
