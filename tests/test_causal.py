@@ -407,3 +407,37 @@ def test_position_resolved_gradient_matches_monte_carlo(results):
         g = propagate_causal(from_spec(spec), backward=True).grad_q
         err = np.abs(g - mc.grad_q_norm)
         assert np.all(err <= 0.10 * mc.grad_q_norm + 3 * mc.grad_q_norm_se), (name, g, mc.grad_q_norm)
+
+
+@pytest.mark.parametrize("rows", ["causal", "window", "bidirectional-window", "bidirectional"])
+def test_window_transpose_exact(rows):
+    """mix_backward_window (full resolution, row t over keys lo_t..hi_t) against the T x T sum
+    sum_{t, t'} E[A_ts A_t's'] C[t, t'] (the moments of test_row_transpose_exact_on_grouped_state), to 1e-12."""
+    from initadvisor.core import causal as cz
+
+    T, t = 30, np.arange(30)
+    lo, hi = {"causal": (0 * t, t), "window": (np.maximum(t - 6, 0), t),
+              "bidirectional-window": (np.maximum(t - 4, 0), np.minimum(t + 4, T - 1)),
+              "bidirectional": (0 * t, np.full(T, T - 1))}[rows]
+    w = (hi - lo + 1).astype(float)
+    rng = np.random.default_rng(len(rows))
+    g = rng.uniform(0.5, 2.0, T)
+    P = rng.normal(0.0, 0.3, (T, T))
+    P = (P + P.T) / 2
+    np.fill_diagonal(P, 0.0)
+    y2 = np.minimum(1.0, rng.uniform(1.0, 3.0, T) / w)
+    drop = 0.2
+    d, s2 = y2 / (1 - drop), 1 + y2 * drop / (1 - drop)
+    C = P + np.diag(g)
+    X = np.zeros((T, T))
+    for a in range(T):
+        k, n = slice(lo[a], hi[a] + 1), w[a]
+        E = np.full((int(n), int(n)), (s2[a] - d[a]) / (n * (n - 1)) if n > 1 else 0.0)
+        np.fill_diagonal(E, d[a] / n)
+        X[k, k] += E * C[a, a]
+        for b in range(T):
+            if b != a:
+                X[k, lo[b]:hi[b] + 1] += C[a, b] / (n * w[b])
+    out = cz.mix_backward_window(cz.State(g, P), y2, drop, lo, hi, w)
+    assert np.abs(out.qf - np.diag(X)).max() < 1e-12
+    assert np.abs(out.P - (X - np.diag(np.diag(X)))).max() < 1e-12

@@ -9,11 +9,13 @@ instantiated with `AutoModel.from_config` (eager attention, training mode, dropo
 `input_correlation: auto` assumes). No mocks, no fudge factors: the engine's own definitions
 (q, p, rho = p / q per stream index; gradient second moments of loss = sum(h_L * G) normalised at index L).
 
-Tolerances (per layer): q within 15% (relative), gradient ratio grad_q_i / grad_q_L within 15%,
-rho within 0.05 (post-LN encoder) or 0.06 (causal decoders, mean over all token pairs; late-token rho,
-pairs within the last third of positions, is checked too). Gradient ratios are asserted for BERT and GPT-2;
-GPT-NeoX and Llama's are printed (Llama's causal backward is off by up to 39% at layer 1: the backward uses the
-late-token pair with key-averaged causal column moments).
+Tolerances (per layer): q within 15% (relative), gradient ratio grad_q_i / grad_q_L within 15% (BERT, GPT-2) or 25%
+(every other family but OLMo 2: `check`'s position-resolved backward), rho within 0.05 (post-LN encoder) or 0.06
+(causal decoders, mean over all token pairs; late-token rho, pairs within the last third of positions, is checked
+too). The gradient at the first indices of pre-norm models with 0.02-std embeddings (q_0 = 4e-4, divided out by
+the first norm) is heavy-tailed: 4 seeds x 2 sequences put Llama's index 0 anywhere in -29% .. +26% of check's over
+six seed sets, hence 16 seeds (measured over rng seeds 0-2: every gated family within 19%; OLMo 2 18-30% low at
+index 1, printed, not gated).
 
 `python -m pytest tests/test_reality.py -s` prints the per-family accuracy table.
 """
@@ -32,7 +34,7 @@ from initadvisor.diagnose import check  # noqa: E402
 from initadvisor.hf import import_config  # noqa: E402
 
 T, L, D, HEADS, VOCAB = 128, 16, 256, 4, 5000
-SEEDS, BATCH = 4, 2
+SEEDS, BATCH = 16, 2
 Q_REL, GRAD_REL, RHO_POST, RHO_CAUSAL = 0.15, 0.15, 0.05, 0.06
 
 
@@ -110,6 +112,7 @@ def _config(family: str):
     raise KeyError(family)
 
 
+GRAD_FAMILY = 0.25  # the gradient ratio of every family but BERT, GPT-2 (GRAD_REL) and OLMo 2 (the known gap)
 FAMILIES = ("bert", "gpt2", "gpt_neox", "llama", "qwen3", "olmo2", "phi3", "gemma2", "gemma3_text", "mixtral",
             "qwen3_moe", "opt", "opt_post_ln", "falcon", "falcon_40b", "mistral_window", "gemma2_window",
             "gemma3_window", "modernbert")
@@ -363,6 +366,14 @@ def test_qwen3_moe_experts(result):
     (QK-norm) known gap at block 1 (printed in the accuracy table, not gated)."""
     r = result("qwen3_moe")
     _assert_q_rho(r, late=False)
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f not in ("bert", "gpt2", "olmo2")])
+def test_gradient_ratio(result, family):
+    """grad_q_i / grad_q_L at every index: the gradient of every position carried back through the operations the
+    family is built from (causal attention row by row, windows key by key, the query/key path per row)."""
+    r = result(family)
+    assert grad_rel_err(r).max() <= GRAD_FAMILY, _fmt(grad_rel_err(r)) + "\n" + _table(r)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -388,6 +388,8 @@ class AttentionRows:
     var: np.ndarray  # per-position attention branch output q (after W_O, before dropout)
     qk: np.ndarray | float = 0.0  # per row: the query/key path's gain to the query (Attention._qk_rows)
     qk_key: np.ndarray | float = 0.0  # and to the row's keys, together
+    qk_cols: np.ndarray | float = 0.0  # per row: the path's column term through the queries' common part, its root
+    overlap: np.ndarray | float = 0.0  # (K, K): two rows' overlap Yp over their IPRs' geometric mean
     keys: tuple | None = None  # windows and bidirectional rows (full resolution): row m's keys lo_m..hi_m, w_m of them
     qk_share: float = 0.0  # set by the backward: the share of the gradient's q at the input through that path
 
@@ -627,6 +629,8 @@ def self_dkernel(act: str, q: np.ndarray) -> np.ndarray:
         return np.full_like(q, 0.5)
     if act == "linear":
         return np.ones_like(q)
+    if act in _GELU:  # 004 A.5's closed form
+        return kernels.gelu_backward(q, q)[0]
     key = np.round(np.log(np.maximum(q, 1e-300)).ravel() * 1e6)
     _, first, inv = np.unique(key, return_index=True, return_inverse=True)
     f = kernels.PHI[{"swiglu": "silu", "geglu": "gelu", "gelu_tanh": "gelu"}.get(act, act)][1]
@@ -640,6 +644,8 @@ def cross_dkernel(act: str, a: np.ndarray, C: np.ndarray) -> np.ndarray:
         return 0.25 + np.arcsin(r) / (2 * np.pi)
     if act == "linear":
         return np.ones_like(C)
+    if act in _GELU:  # 004 A.5 at the pair's geometric-mean variance (after a norm the groups' q agree to eps / q)
+        return kernels.gelu_backward(np.sqrt(np.multiply.outer(a, a)), C)[1]
     return _series_pair(kernels.PHI[{"swiglu": "silu", "geglu": "gelu", "gelu_tanh": "gelu"}.get(act, act)][1], a, C)
 
 

@@ -617,6 +617,7 @@ class Attention:
         amax = G.A[G.hi]
         amax[np.diag_indices(K)] = G.Amax
         yp = np.minimum(np.exp(rho_q * np.multiply.outer(sv, sv)) * amax, np.multiply.outer(sy, sy))
+        overlap = yp / np.multiply.outer(sy, sy)
         out = (yp - amax) * gv[G.lo]
 
         if not P.centered:  # uniform part: (1/(m n)) sum_{s<=m, s'<=n} Cv[s, s'], averaged over the group pair
@@ -632,40 +633,51 @@ class Attention:
             diag += g_v * tot / (m * m) + b_v2
         out[G.single, G.single] = 0.0
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
-        return O, cz.AttentionRows(y2, bc, O.qf, *self._qk_rows(bc, lnT, m, qq, qbar - kbar,
-                                                                g_v * np.maximum(qbar - pbar, 0.0)))
+        qk = self._qk_rows(bc, lnT, m, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0))
+        return O, cz.AttentionRows(y2, bc, O.qf, *qk, overlap=overlap)
 
-    def _qk_rows(self, bc, lnT, m, qq, spread_k, spread_v):
-        """The query/key path's gains per causal row t (t keys), as _qk_gain's (query half, key half) with the row's
-        own geometry and its exact E tr(M^2) at t keys (softmax_rows)."""
+    def _qk_rows(self, bc, lnT, m, qq, spread_k, common_q, spread_v):
+        """The query/key path's gains per causal row t (t keys), as _qk_gain's (query half a, key half a_key, and the
+        root of the column term b per row: two rows t, t' send h_t h_t' P_tt' / (t t') to each key they share, 1 / (t t')
+        being uniform rows' Jacobian overlap per key) with the row's own geometry and its exact E tr(M^2) at t keys
+        (softmax_rows)."""
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             s2 = 2.0 * np.divide(self.P.beta, bc) ** 2 * lnT
             jt = G.jacobian_trace(*expected_y(np.sqrt(s2), m))
+            lam = s2 / np.maximum(spread_k, 1e-300)  # beta^2 ln T qq
             a_q = s2 / qq * spread_v * jt
-            a_k = s2 / np.maximum(spread_k, 1e-300) * spread_v * jt
-        return tuple(np.where(np.isfinite(x), x, 0.0) for x in (a_q, a_k))
+            a_k = lam * spread_v * jt
+            h = np.sqrt(np.maximum(lam / qq * common_q * spread_v * jt * m, 0.0))
+        return tuple(np.where(np.isfinite(x), x, 0.0) for x in (a_q, a_k, h))
 
     def causal_backward(self, G, S, rows):
         """W_O, the causal rows' transpose (causal.mix_backward_rows: row t's moments at its t keys), W_V, and the
         query/key path: row t's scores' gradient back through W_Q to its query (rows.qk g_t) and through W_K to its
-        keys (rows.qk_key g_t / t each, summing to zero over them: -1/(t - 1) of it between two keys)."""
+        keys (rows.qk_key g_t / t each, summing to zero over them: -1/(t - 1) of it between two keys), two rows'
+        scores' gradients through the queries' common part (rows.qk_cols; the key pairs' part of it is left out), and
+        two queries' gradients correlated as their rows' Jacobians overlap (_qk_gain's x per row pair)."""
         P = self.P
         if P.centered:
             raise ValueError("the position-resolved backward has no centered rows")
         g_o, g_v, drop = float(P.g_o), float(P.g_v), float(P.attn_dropout)
         g = g_o * S.qf
         e, ek = rows.qk * g, rows.qk_key * g  # row t's query half, and its key half over its keys
+        Pg = g_o * S.P
         if rows.keys is None:  # causal rows over all keys, on position groups
-            m = G.m
-            B = cz.mix_backward_rows(G, cz.State(g, g_o * S.P), rows.y2, drop)
+            m, hc, hx = G.m, cz.gmean(G, rows.qk_cols), cz.gmean(G, np.sqrt(rows.qk))
+            B = cz.mix_backward_rows(G, cz.State(g, Pg), rows.y2, drop)
+            cols = cz.mix_backward_rows(G, cz.State(0.0 * g, Pg * np.multiply.outer(hc, hc)), rows.y2, drop).qf
             with np.errstate(invalid="ignore", divide="ignore"):
                 kd, kp = cz.row_sums(G, ek / m, np.where(m > 1, -ek / (m * (m - 1.0)), 0.0))
         else:  # windows and bidirectional rows, position by position
-            B = cz.mix_backward_window(cz.State(g, g_o * S.P), rows.y2, drop, *rows.keys)
-            w = rows.keys[2]
+            w, hc, hx = rows.keys[2], rows.qk_cols, np.sqrt(rows.qk)
+            B = cz.mix_backward_window(cz.State(g, Pg), rows.y2, drop, *rows.keys)
+            cols = cz.mix_backward_window(cz.State(0.0 * g, Pg * np.multiply.outer(hc, hc)), rows.y2, drop,
+                                          *rows.keys).qf
             with np.errstate(invalid="ignore", divide="ignore"):
                 kd, kp = cz.window_sums(ek / w, np.where(w > 1, -ek / (w * (w - 1.0)), 0.0), *rows.keys[:2])
-        qk = e + kd
+        qk = e + kd + cols
+        kp = kp + np.multiply.outer(hx, hx) * rows.overlap * Pg  # two queries' overlapping Jacobians
         total = g_v * B.qf + qk
         rows.qk_share = float(np.clip(qk.sum() / total.sum(), 0.0, 1.0)) if total.sum() > 0 else 0.0
         return cz.State(total, g_v * B.P + kp)
@@ -721,8 +733,8 @@ class Attention:
             + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
         out[np.diag_indices(T)] = 0.0
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
-        qk = self._qk_rows(bc, lnT, w, qq, qbar - kbar, g_v * np.maximum(qbar - pbar, 0.0))
-        return O, cz.AttentionRows(y2, bc, O.qf, *qk, keys=(lo, hi, w))
+        qk = self._qk_rows(bc, lnT, w, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0))
+        return O, cz.AttentionRows(y2, bc, O.qf, *qk, overlap=yp / np.multiply.outer(sy, sy), keys=(lo, hi, w))
 
     def draws(self):
         """(name, shape, std, phase): matrices, then biases (phase 1); a zero bias std draws no bias."""
