@@ -441,3 +441,42 @@ def test_window_transpose_exact(rows):
     out = cz.mix_backward_window(cz.State(g, P), y2, drop, lo, hi, w)
     assert np.abs(out.qf - np.diag(X)).max() < 1e-12
     assert np.abs(out.P - (X - np.diag(np.diag(X)))).max() < 1e-12
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_rows_overlap_beyond_uniform_in_the_transpose(grouped):
+    """The rows' overlap beyond uniform, c_tt' = Yp_tt' - |K_t & K_t'| / (w_t w_t'), spread over the n_tt' keys
+    the two rows share (c / n each, -c / (n (n - 1)) between two of them): mix_backward_rows (full resolution) and
+    mix_backward_window against the T x T sum, to 1e-12."""
+    from initadvisor.core import causal as cz
+
+    T = 24
+    t = np.arange(T)
+    lo, hi = 0 * t, t
+    w = (hi - lo + 1).astype(float)
+    rng = np.random.default_rng(5)
+    g = np.zeros(T)
+    P = rng.normal(0.0, 0.3, (T, T))
+    P = (P + P.T) / 2
+    np.fill_diagonal(P, 0.0)
+    c = rng.uniform(0.0, 0.02, (T, T))
+    c = (c + c.T) / 2
+    n = np.minimum.outer(w, w)  # causal rows share the first min(t, t') keys
+    X = np.zeros((T, T))
+    for a in range(T):
+        for b in range(T):
+            if a != b:
+                k = int(n[a, b])
+                E = np.full((k, k), -c[a, b] / (k * (k - 1)) if k > 1 else 0.0)
+                np.fill_diagonal(E, c[a, b] / k)
+                X[:k, :k] += E * P[a, b]
+    y2 = np.zeros(T)
+    if grouped:
+        G = cz._grid(T, T, 1.05)
+        base = cz.mix_backward_rows(G, cz.State(g, P), y2)
+        out = cz.mix_backward_rows(G, cz.State(g, P), y2, shared=c)
+    else:
+        base = cz.mix_backward_window(cz.State(g, P), y2, 0.0, lo, hi, w)
+        out = cz.mix_backward_window(cz.State(g, P), y2, 0.0, lo, hi, w, shared=(c, n))
+    assert np.abs(out.qf - base.qf - np.diag(X)).max() < 1e-12
+    assert np.abs(out.P - base.P - (X - np.diag(np.diag(X)))).max() < 1e-12

@@ -93,7 +93,8 @@ OPERATIONS = {
 }
 INPUTS = {"q": 1.7, "p": 0.6, "gq": 1.3, "gp": 0.4}
 # Known gaps (issue 13), strict: centered attention's whole output is the O(V/T) fluctuation of A, where the
-# annealed cross-row overlap is low in the forward; causal rows leave out the query/key path (Attention._qk_gain).
+# annealed cross-row overlap is low in the forward; the pair map's causal rows leave out the query/key path (the
+# position-resolved backward carries it per row: Attention._qk_rows, tested in test_phases and test_causal).
 GAPS = {"attention-centered", "attention-qk-norm-all-causal"}  # the second: the causal query/key path (11% of gq)
 
 

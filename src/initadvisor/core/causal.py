@@ -179,8 +179,6 @@ class _Grid:
     third_groups: tuple  # group index ranges of the three thirds
     single: np.ndarray  # (K,) bool: singleton groups
     # the backward's column sums of uniform causal rows (mix_backward_rows)
-    Hs: np.ndarray  # (K,) sum over the group of 1/m
-    S2: np.ndarray  # (K,) sum of 1/m^2
     J: np.ndarray  # (K,) sum of i/m^2 / n
     J2: np.ndarray  # (K,) sum of i^2/m^2 / n^2
     Wc: np.ndarray  # (K, K) Wc[a, g] = sum over rows m of a of the mean over keys s of g of W_ms (W_ms = 1/m, s <= m)
@@ -234,7 +232,7 @@ def _grid(T: int, single: int, ratio: float) -> _Grid:
     Wc[idx, idx] = siu / n
     return _Grid(T=T, edges=edges, start=start, n=n, gid=gid, m=m, i=i, A=su / n, B=siu / n, A2=A2, Bt=Bt,
                  E=E, Amax=Amax, pairs=pairs, lo=np.minimum.outer(idx, idx), hi=np.maximum.outer(idx, idx),
-                 third_groups=((0, k1), (k1, k2), (k2, K)), single=n_int == 1, Hs=su, S2=seg(u * u),
+                 third_groups=((0, k1), (k1, k2), (k2, K)), single=n_int == 1,
                  J=seg(i * u * u) / n, J2=seg(i * i * u * u) / (n * n), Wc=Wc)
 
 
@@ -390,6 +388,7 @@ class AttentionRows:
     qk_key: np.ndarray | float = 0.0  # and to the row's keys, together
     qk_cols: np.ndarray | float = 0.0  # per row: the path's column term through the queries' common part, its root
     overlap: np.ndarray | float = 0.0  # (K, K): two rows' overlap Yp over their IPRs' geometric mean
+    shared: np.ndarray | None = None  # (K, K): Yp - 1 / max(t, t'), the overlap beyond uniform rows'
     keys: tuple | None = None  # windows and bidirectional rows (full resolution): row m's keys lo_m..hi_m, w_m of them
     qk_share: float = 0.0  # set by the backward: the share of the gradient's q at the input through that path
 
@@ -524,17 +523,19 @@ def suffix_within(G: _Grid, x: np.ndarray) -> np.ndarray:
     return G.segsum(x)[G.gid] - G.cum_within(x) + x
 
 
-def mix_backward_rows(G: _Grid, S: State, y2: np.ndarray, drop: float = 0.0) -> State:
+def mix_backward_rows(G: _Grid, S: State, y2: np.ndarray, drop: float = 0.0, shared=None) -> State:
     """The gradient at the values from the gradient at the attention output (value path, uniform causal rows):
     dv_s = sum_{t >= s} A_ts do_t with E A_ts^2 = d_t / t, E A_ts A_ts' = (s2_t - d_t) / (t (t - 1)) within a row
     (d_t = Y2_t / keep, s2_t = 1 + Y2_t drop / keep: the moments of mixing()) and E A_ts A_t's' = 1 / (t t') across
-    rows (the rows' annealed overlap beyond uniform, e^(rho v), is left out: O(v) in the uniform phase).
+    rows, plus their overlap beyond uniform (`shared`).
 
     Per position s:  g_s' = sum_{t >= s} d_t g_t / t + sum_{t != t' >= s} P_tt' / (t t');
     per group pair:  the mean over s in g, s' in h (s != s') of sum_{t >= max(s, s')} (s2_t - d_t) g_t / (t (t - 1))
                      + sum_{t != t'} W_ts W_t's' P_tt',
     the second one as Wc^T P Wc (Wc: grid column sums) less the lift's t = t' terms, exact for a state constant
-    within groups."""
+    within groups. shared: the rows' overlap beyond uniform, Yp - 1 / max(t, t') per group pair (the forward's):
+    spread over the min(t, t') keys the two rows share, and -1 / (min - 1) of it between two of them (rows whose
+    queries correlate attend to the same keys: e^(rho v) - 1 of uniform, Qwen3's gradient 17% -> 1% at block 1)."""
     K, gid, n, m = len(G.n), G.gid, G.n, G.m
     keep = 1.0 - drop
     d = y2 / keep
@@ -548,23 +549,40 @@ def mix_backward_rows(G: _Grid, S: State, y2: np.ndarray, drop: float = 0.0) -> 
         diag, out = row_sums(G, d * g / m, np.where(m > 1, (s2 - d) * g / (m * (m - 1.0)), 0.0))
 
     # from the pairs P_tt'
-    sufS = (c * G.S2).sum() - np.cumsum(c * G.S2)  # sum over groups after a of c_b S2_b
+    diag_p, sufS = pair_suffix(G, Pm, 1.0 / m)
     X = G.Wc.T @ Pm @ G.Wc
     X -= sufS[G.hi] + c[G.hi] * G.J[G.hi]
     X[idx, idx] += G.J[idx] * c - G.J2 * c  # the diagonal: J2 in place of J
-    M = Pm * np.multiply.outer(G.Hs, G.Hs)
-    SS = np.cumsum(np.cumsum(M[::-1, ::-1], axis=0), axis=1)[::-1, ::-1]  # SS[a, b] = sum over a' >= a, b' >= b
-    Q = np.append(np.diag(SS)[1:], 0.0)  # groups after g on both sides
-    R = np.cumsum((Pm * G.Hs[None, :])[:, ::-1], axis=1)[:, ::-1]
-    R = np.append(R[idx[:-1], idx[:-1] + 1], 0.0)  # sum over b > g of P[g, b] Hs_b
-    U, V = suffix_within(G, 1.0 / m), suffix_within(G, 1.0 / (m * m))
-    diag_p = Q[gid] + 2.0 * U * R[gid] + c[gid] * (U * U - V) - sufS[gid]
     with np.errstate(divide="ignore", invalid="ignore"):
         within = (n * n * np.diag(X) - G.segsum(diag_p)) / np.maximum(G.pairs, 1.0)
     X[idx, idx] = within
     out += X
+    if shared is not None:
+        a = G.A[G.lo]  # 1 / min(t, t')
+        Z = Pm * shared * a
+        diag_p = diag_p + pair_suffix(G, Z, np.ones(G.T))[0]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            F = pair_suffix(G, np.where(a < 1.0, Z * a / (1.0 - a), 0.0), np.ones(G.T))[0]
+        out -= gmean(G, F)[G.hi]
     out[G.single, G.single] = 0.0
     return State(diag + diag_p, out)
+
+
+def pair_suffix(G: _Grid, Pm: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per position s: sum over t != t' >= s of Pm[group t, group t'] u_t u_t' (Pm's diagonal: the mean within a
+    group, 0 for singletons), and per group a: the sum over groups after it of Pm[b, b] sum_{t in b} u_t^2 (the
+    lifted diagonal taken off)."""
+    idx, gid = np.arange(len(G.n)), G.gid
+    c = np.diag(Pm)
+    Hs, S2 = G.segsum(u), G.segsum(u * u)
+    sufS = (c * S2).sum() - np.cumsum(c * S2)
+    M = Pm * np.multiply.outer(Hs, Hs)
+    SS = np.cumsum(np.cumsum(M[::-1, ::-1], axis=0), axis=1)[::-1, ::-1]  # SS[a, b] = sum over a' >= a, b' >= b
+    Q = np.append(np.diag(SS)[1:], 0.0)  # groups after g on both sides
+    R = np.cumsum((Pm * Hs[None, :])[:, ::-1], axis=1)[:, ::-1]
+    R = np.append(R[idx[:-1], idx[:-1] + 1], 0.0)  # sum over b > g of P[g, b] Hs_b
+    U, V = suffix_within(G, u), suffix_within(G, u * u)
+    return Q[gid] + 2.0 * U * R[gid] + c[gid] * (U * U - V) - sufS[gid], sufS
 
 
 def row_sums(G: _Grid, f_diag: np.ndarray, f_pair: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -600,10 +618,10 @@ def window_sums(f_diag: np.ndarray, f_pair: np.ndarray, lo: np.ndarray, hi: np.n
 
 
 def mix_backward_window(S: State, y2: np.ndarray, drop: float, lo: np.ndarray, hi: np.ndarray,
-                        w: np.ndarray) -> State:
+                        w: np.ndarray, shared=None) -> State:
     """mix_backward_rows at full resolution for rows over key intervals (row t: keys lo_t..hi_t, w_t of them):
     the cross-row part sum_{t in R_s, t' in R_s'} P_tt' / (w_t w_t') as box sums of the prefix-summed matrix over
-    the readers R_s x R_s' (t != t': P's diagonal is 0)."""
+    the readers R_s x R_s' (t != t': P's diagonal is 0); shared = (Yp - uniform overlap, number of shared keys)."""
     keep = 1.0 - drop
     d = y2 / keep
     s2 = 1.0 + y2 * drop / keep
@@ -619,6 +637,18 @@ def mix_backward_window(S: State, y2: np.ndarray, drop: float, lo: np.ndarray, h
     X = box[b + 1][:, b + 1] - box[a][:, b + 1] - box[b + 1][:, a] + box[a][:, a]
     diag = diag + np.diag(X)
     out += X
+    if shared is not None:  # over the keys two rows share, and -1 / (n - 1) of it between two of them
+        fl, n = shared
+        with np.errstate(divide="ignore", invalid="ignore"):
+            Z = np.where(n > 0, S.P * fl / n, 0.0)
+            Z2 = np.where(n > 1, Z / (n - 1.0), 0.0)
+        np.fill_diagonal(Z, 0.0)
+        np.fill_diagonal(Z2, 0.0)
+        np.cumsum(np.cumsum(Z, axis=0), axis=1, out=box[1:, 1:])
+        diag = diag + box[b + 1, b + 1] - box[a, b + 1] - box[b + 1, a] + box[a, a]
+        np.cumsum(np.cumsum(Z2, axis=0), axis=1, out=box[1:, 1:])
+        A, B = np.maximum.outer(a, a), np.minimum.outer(b, b)
+        out -= np.where(B >= A, box[B + 1, B + 1] - box[A, B + 1] - box[B + 1, A] + box[A, A], 0.0)
     np.fill_diagonal(out, 0.0)
     return State(diag, out)
 

@@ -5,7 +5,8 @@ An operation carries, side by side:
 * ``moments(q, p) -> (q, p, cache)`` and ``moments_backward(gq, gp, cache)``: the map of per-coordinate second
   moments (q = E x_i^2 of one token, p = E x_i y_i of two tokens; THEORY.md "One state for all"), forward and
   backward, broadcasting over numpy arrays so a whole grid of hyper-parameters runs at once;
-* ``causal(G, S) -> (S, cache)``: the same map on the position-resolved state of causal models (causal.py);
+* ``causal(G, S) -> (S, cache)`` and ``causal_backward(G, S, cache)``: the same maps on the position-resolved state
+  of causal models (causal.py);
 * ``draws()``, ``forward(x, w, rng) -> (y, cache)``, ``backward(dy, w, cache, wgrads)``: the numpy network the
   Monte-Carlo measures (simulate.py), with the weights it draws;
 * ``torch_build(make)`` and ``torch_forward(m, x)``: the PyTorch module (`verify --backend torch`; torch is
@@ -618,7 +619,8 @@ class Attention:
         amax[np.diag_indices(K)] = G.Amax
         yp = np.minimum(np.exp(rho_q * np.multiply.outer(sv, sv)) * amax, np.multiply.outer(sy, sy))
         overlap = yp / np.multiply.outer(sy, sy)
-        out = (yp - amax) * gv[G.lo]
+        shared = yp - amax
+        out = shared * gv[G.lo]
 
         if not P.centered:  # uniform part: (1/(m n)) sum_{s<=m, s'<=n} Cv[s, s'], averaged over the group pair
             A, B = G.A, G.B
@@ -634,7 +636,7 @@ class Attention:
         out[G.single, G.single] = 0.0
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
         qk = self._qk_rows(bc, lnT, m, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0))
-        return O, cz.AttentionRows(y2, bc, O.qf, *qk, overlap=overlap)
+        return O, cz.AttentionRows(y2, bc, O.qf, *qk, overlap=overlap, shared=shared)
 
     def _qk_rows(self, bc, lnT, m, qq, spread_k, common_q, spread_v):
         """The query/key path's gains per causal row t (t keys), as _qk_gain's (query half a, key half a_key, and the
@@ -665,13 +667,13 @@ class Attention:
         Pg = g_o * S.P
         if rows.keys is None:  # causal rows over all keys, on position groups
             m, hc, hx = G.m, cz.gmean(G, rows.qk_cols), cz.gmean(G, np.sqrt(rows.qk))
-            B = cz.mix_backward_rows(G, cz.State(g, Pg), rows.y2, drop)
+            B = cz.mix_backward_rows(G, cz.State(g, Pg), rows.y2, drop, rows.shared)
             cols = cz.mix_backward_rows(G, cz.State(0.0 * g, Pg * np.multiply.outer(hc, hc)), rows.y2, drop).qf
             with np.errstate(invalid="ignore", divide="ignore"):
                 kd, kp = cz.row_sums(G, ek / m, np.where(m > 1, -ek / (m * (m - 1.0)), 0.0))
         else:  # windows and bidirectional rows, position by position
             w, hc, hx = rows.keys[2], rows.qk_cols, np.sqrt(rows.qk)
-            B = cz.mix_backward_window(cz.State(g, Pg), rows.y2, drop, *rows.keys)
+            B = cz.mix_backward_window(cz.State(g, Pg), rows.y2, drop, *rows.keys, rows.shared)
             cols = cz.mix_backward_window(cz.State(0.0 * g, Pg * np.multiply.outer(hc, hc)), rows.y2, drop,
                                           *rows.keys).qf
             with np.errstate(invalid="ignore", divide="ignore"):
@@ -734,7 +736,8 @@ class Attention:
         out[np.diag_indices(T)] = 0.0
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
         qk = self._qk_rows(bc, lnT, w, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0))
-        return O, cz.AttentionRows(y2, bc, O.qf, *qk, overlap=yp / np.multiply.outer(sy, sy), keys=(lo, hi, w))
+        return O, cz.AttentionRows(y2, bc, O.qf, *qk, overlap=yp / np.multiply.outer(sy, sy), keys=(lo, hi, w),
+                                   shared=(yp - shared, shared * np.multiply.outer(w, w)))
 
     def draws(self):
         """(name, shape, std, phase): matrices, then biases (phase 1); a zero bias std draws no bias."""
