@@ -480,3 +480,18 @@ def test_rows_overlap_beyond_uniform_in_the_transpose(grouped):
         out = cz.mix_backward_window(cz.State(g, P), y2, 0.0, lo, hi, w, shared=(c, n))
     assert np.abs(out.qf - base.qf - np.diag(X)).max() < 1e-12
     assert np.abs(out.P - base.P - (X - np.diag(np.diag(X)))).max() < 1e-12
+
+
+def test_backward_beyond_its_reach_says_so(monkeypatch):
+    """Beyond BACKWARD_T positions the gradient is the late-token pair's, and check's notes say so."""
+    import initadvisor.core.model as model
+    import initadvisor.diagnose as diagnose
+
+    spec = causal_spec(T=128, L=4)
+    resolved = diagnose.check(spec)
+    monkeypatch.setattr(model, "BACKWARD_T", 64)
+    monkeypatch.setattr(diagnose, "BACKWARD_T", 64)
+    pair = diagnose.check(spec)
+    assert any("late-token pair" in n for n in pair["notes"]) and not resolved["notes"]
+    assert [r["grad_q"] for r in pair["layers"]] == pytest.approx(list(run_spec(spec).grad_q), rel=1e-5)
+    assert [r["grad_q"] for r in resolved["layers"]] != pytest.approx(list(run_spec(spec).grad_q), rel=1e-3)

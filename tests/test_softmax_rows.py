@@ -96,3 +96,15 @@ def test_unresolved_inputs_give_nan_not_an_index():
     assert all(np.isnan(y) for y in expected_y(float("nan"), 64.0))
     y2 = expected_y(np.array([1.0, np.nan]), np.array([64.0, 64.0]))[0]
     assert np.isnan(y2[1]) and y2[0] == pytest.approx(expected_y(1.0, 64.0)[0])
+
+
+def test_long_inputs_in_chunks(monkeypatch):
+    """Rows of a long causal sequence go through the table in chunks (bounded temporaries): the same numbers."""
+    import initadvisor.core.softmax_rows as sr
+
+    rng = np.random.default_rng(3)
+    s, T = rng.uniform(0.0, 6.0, 5000), rng.integers(1, 10**6, 5000).astype(float)
+    whole = sr.expected_y(s, T)
+    monkeypatch.setattr(sr, "_CHUNK", 64)
+    for a, b in zip(sr.expected_y(s, T), whole):
+        assert a.shape == (5000,) and np.array_equal(a, b)

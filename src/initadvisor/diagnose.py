@@ -9,7 +9,7 @@ import numpy as np
 from initadvisor import __version__
 from initadvisor.core import gradients as G
 from initadvisor.core.attention import phase
-from initadvisor.core.model import Stack, Trace, propagate, propagate_causal
+from initadvisor.core.model import BACKWARD_T, Stack, Trace, propagate, propagate_causal
 from initadvisor.loss import initial_loss
 from initadvisor.numbers import clean, overflow_findings
 from initadvisor.rules import RULES, Finding, finding  # noqa: F401  (Finding, finding: re-exported)
@@ -119,6 +119,9 @@ def notes(spec) -> list[str]:
     if spec.causal and not fits(spec.layers, spec.seq_len):
         return [f"causal: (layers + 1) x T = {(spec.layers + 1) * spec.seq_len:.3g} exceeds {CAUSAL_CELLS:.0e} "
                 "positions x layers: the position-resolved prediction is skipped, rows use the late-token pair"]
+    if spec.causal and spec.seq_len > BACKWARD_T:
+        return [f"causal: T = {spec.seq_len} exceeds {BACKWARD_T} positions for the position-resolved backward: "
+                "the gradient uses the late-token pair"]
     T = spec.seq_len
     if spec.sliding_window and spec.sliding_window < T and (spec.layers + 1) * T * T > WINDOW_CELLS:
         most = int((WINDOW_CELLS / (spec.layers + 1)) ** 0.5)

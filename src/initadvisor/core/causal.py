@@ -384,9 +384,7 @@ class AttentionRows:
     y2: np.ndarray
     beta_c: np.ndarray
     var: np.ndarray  # per-position attention branch output q (after W_O, before dropout)
-    qk: np.ndarray | float = 0.0  # per row: the query/key path's gain to the query (Attention._qk_rows)
-    qk_key: np.ndarray | float = 0.0  # and to the row's keys, together
-    qk_cols: np.ndarray | float = 0.0  # per row: the path's column term through the queries' common part, its root
+    qk: tuple = ()  # per row, what the query/key path's gains are computed from (Attention._qk_rows)
     overlap: np.ndarray | float = 0.0  # (K, K): two rows' overlap Yp over their IPRs' geometric mean
     shared: np.ndarray | None = None  # (K, K): Yp - 1 / max(t, t'), the overlap beyond uniform rows'
     keys: tuple | None = None  # windows and bidirectional rows (full resolution): row m's keys lo_m..hi_m, w_m of them

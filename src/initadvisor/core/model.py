@@ -146,7 +146,11 @@ def propagate_causal(stack: Stack, keep_overlap: bool = False, backward: bool = 
                               backward=backward and resolves_backward(stack), **({"single": T} if full else {}))
 
 
+BACKWARD_T = 1 << 20  # the position-resolved backward keeps about 30 per-position arrays a block: 250 MB at this T
+
+
 def resolves_backward(stack: Stack) -> bool:
     """The position-resolved backward's reach: every stack the position-resolved forward runs (causal rows, sliding
-    windows), not centered."""
-    return (bool(stack.layers[0].causal) or stack.windowed) and not any(L.centered for L in stack.layers)
+    windows) up to BACKWARD_T positions, not centered."""
+    return ((bool(stack.layers[0].causal) or stack.windowed) and stack.embeddings.seq_len <= BACKWARD_T
+            and not any(L.centered for L in stack.layers))

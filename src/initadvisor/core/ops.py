@@ -635,8 +635,8 @@ class Attention:
             diag += g_v * tot / (m * m) + b_v2
         out[G.single, G.single] = 0.0
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
-        qk = self._qk_rows(bc, lnT, m, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0))
-        return O, cz.AttentionRows(y2, bc, O.qf, *qk, overlap=overlap, shared=shared)
+        qk = (lnT, m, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0))
+        return O, cz.AttentionRows(y2, bc, O.qf, qk, overlap=overlap, shared=shared)
 
     def _qk_rows(self, bc, lnT, m, qq, spread_k, common_q, spread_v):
         """The query/key path's gains per causal row t (t keys), as _qk_gain's (query half a, key half a_key, and the
@@ -654,25 +654,27 @@ class Attention:
 
     def causal_backward(self, G, S, rows):
         """W_O, the causal rows' transpose (causal.mix_backward_rows: row t's moments at its t keys), W_V, and the
-        query/key path: row t's scores' gradient back through W_Q to its query (rows.qk g_t) and through W_K to its
-        keys (rows.qk_key g_t / t each, summing to zero over them: -1/(t - 1) of it between two keys), two rows'
-        scores' gradients through the queries' common part (rows.qk_cols; the key pairs' part of it is left out), and
-        two queries' gradients correlated as their rows' Jacobians overlap (_qk_gain's x per row pair)."""
+        query/key path (_qk_rows, from the rows' geometry the forward kept): row t's scores' gradient back through W_Q
+        to its query (a g_t) and through W_K to its keys (a_key g_t / t each, summing to zero over them: -1/(t - 1) of
+        it between two keys), two rows' scores' gradients through the queries' common part (h; the key pairs' part of
+        it is left out), and two queries' gradients correlated as their rows' Jacobians overlap (_qk_gain's x per row
+        pair)."""
         P = self.P
         if P.centered:
             raise ValueError("the position-resolved backward has no centered rows")
         g_o, g_v, drop = float(P.g_o), float(P.g_v), float(P.attn_dropout)
         g = g_o * S.qf
-        e, ek = rows.qk * g, rows.qk_key * g  # row t's query half, and its key half over its keys
+        a, a_key, h = self._qk_rows(rows.beta_c, *rows.qk)
+        e, ek = a * g, a_key * g  # row t's query half, and its key half over its keys
         Pg = g_o * S.P
         if rows.keys is None:  # causal rows over all keys, on position groups
-            m, hc, hx = G.m, cz.gmean(G, rows.qk_cols), cz.gmean(G, np.sqrt(rows.qk))
+            m, hc, hx = G.m, cz.gmean(G, h), cz.gmean(G, np.sqrt(a))
             B = cz.mix_backward_rows(G, cz.State(g, Pg), rows.y2, drop, rows.shared)
             cols = cz.mix_backward_rows(G, cz.State(0.0 * g, Pg * np.multiply.outer(hc, hc)), rows.y2, drop).qf
             with np.errstate(invalid="ignore", divide="ignore"):
                 kd, kp = cz.row_sums(G, ek / m, np.where(m > 1, -ek / (m * (m - 1.0)), 0.0))
         else:  # windows and bidirectional rows, position by position
-            w, hc, hx = rows.keys[2], rows.qk_cols, np.sqrt(rows.qk)
+            w, hc, hx = rows.keys[2], h, np.sqrt(a)
             B = cz.mix_backward_window(cz.State(g, Pg), rows.y2, drop, *rows.keys, rows.shared)
             cols = cz.mix_backward_window(cz.State(0.0 * g, Pg * np.multiply.outer(hc, hc)), rows.y2, drop,
                                           *rows.keys).qf
@@ -735,8 +737,8 @@ class Attention:
             + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
         out[np.diag_indices(T)] = 0.0
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
-        qk = self._qk_rows(bc, lnT, w, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0))
-        return O, cz.AttentionRows(y2, bc, O.qf, *qk, overlap=yp / np.multiply.outer(sy, sy), keys=(lo, hi, w),
+        qk = (lnT, w, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0))
+        return O, cz.AttentionRows(y2, bc, O.qf, qk, overlap=yp / np.multiply.outer(sy, sy), keys=(lo, hi, w),
                                    shared=(yp - shared, shared * np.multiply.outer(w, w)))
 
     def draws(self):

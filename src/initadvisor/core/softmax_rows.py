@@ -70,6 +70,9 @@ def build_table(path: Path = TABLE) -> None:
     np.savez_compressed(path, log_y=logs.astype(np.float32), s_step=S_STEP, l_step=L_STEP)
 
 
+_CHUNK = 1 << 16  # expected_y evaluates at most this many points at once
+
+
 @lru_cache(maxsize=1)
 def _table() -> np.ndarray:
     with np.load(TABLE) as f:
@@ -79,8 +82,13 @@ def _table() -> np.ndarray:
 def expected_y(s, T) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(E[Y2], E[Y3], E[Y2^2]) of a softmax row over T keys (T >= 1, at most e^17) with i.i.d. N(0, s^2) logits,
     from the table; beyond s = 30, 1 - Y falls as 1/s (the REM's (1 - Y) ~ 1/x)."""
-    tab = _table()
     s = np.asarray(s, dtype=float)
+    if s.size > _CHUNK:  # a long causal sequence's rows: bounded temporaries
+        s, T = np.broadcast_arrays(s, np.asarray(T, dtype=float))
+        parts = [expected_y(a, b) for a, b in zip(np.array_split(s.ravel(), s.size // _CHUNK + 1),
+                                                  np.array_split(T.ravel(), s.size // _CHUNK + 1))]
+        return tuple(np.concatenate([p[k] for p in parts]).reshape(s.shape) for k in range(3))
+    tab = _table()
     bad = np.isnan(s) | np.isnan(T)  # an unresolved state (the engine reports it as such): nan, not an index
     s = np.where(bad, 0.0, np.maximum(s, 0.0))
     x = np.minimum(s, S_MAX) / S_STEP
