@@ -73,7 +73,7 @@ __all__ = ["CausalTrace", "propagate_overlaps", "pair_kernel", "thirds", "summar
 _GELU = ("gelu", "geglu", "gelu_tanh")  # tanh-GeLU by GeLU's closed form, as kernels.forward (< 0.1% apart)
 _SINGLE = 32  # positions 1.._SINGLE are their own group
 _RATIO = 1.05  # then each group ends at about _RATIO x the previous edge (K ~ 120 groups at T = 2048)
-_KEEP_CELLS = 4 * 10**6  # the backward keeps every block's forward caches up to this many numbers (32 MB)
+_KEEP_CELLS = 2 * 10**7  # the backward keeps every block's forward caches up to this many numbers (160 MB)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -464,9 +464,9 @@ def propagate_overlaps(blocks: Sequence[tuple], q0: float, p0: float, T: int, ke
             S, caches = causal_forward(blocks[k], G, S)
         return _clamp(G, S), caches
 
-    # the backward needs every block's caches (about 3 K^2 + 10 T numbers): kept when small, else the forward
+    # the backward needs every block's caches (about 4 K^2 + 12 T numbers): kept when small, else the forward
     # keeps the state entering every stride-th block and runs each segment again (one more forward pass)
-    stride = L if L * (T + 3 * K * K) <= _KEEP_CELLS else max(1, math.isqrt(L))
+    stride = L if L * (12 * T + 4 * K * K) <= _KEEP_CELLS else max(1, math.isqrt(L))
     kept, starts = [], {}
     record(0, S)
     for k in range(L):
@@ -567,18 +567,19 @@ def mix_backward_rows(G: _Grid, S: State, y2: np.ndarray, drop: float = 0.0, sha
 
 
 def pair_suffix(G: _Grid, Pm: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per position s: sum over t != t' >= s of Pm[group t, group t'] u_t u_t' (Pm's diagonal: the mean within a
-    group, 0 for singletons), and per group a: the sum over groups after it of Pm[b, b] sum_{t in b} u_t^2 (the
-    lifted diagonal taken off)."""
-    idx, gid = np.arange(len(G.n)), G.gid
+    """Per position s: sum over t != t' >= s of Pm[group t, group t'] u_t u_t' (Pm symmetric, its diagonal the mean
+    within a group, 0 for singletons), and per group a: the sum over groups after it of Pm[b, b] sum_{t in b} u_t^2
+    (the lifted diagonal taken off)."""
+    gid = G.gid
     c = np.diag(Pm)
     Hs, S2 = G.segsum(u), G.segsum(u * u)
     sufS = (c * S2).sum() - np.cumsum(c * S2)
     M = Pm * np.multiply.outer(Hs, Hs)
-    SS = np.cumsum(np.cumsum(M[::-1, ::-1], axis=0), axis=1)[::-1, ::-1]  # SS[a, b] = sum over a' >= a, b' >= b
-    Q = np.append(np.diag(SS)[1:], 0.0)  # groups after g on both sides
-    R = np.cumsum((Pm * Hs[None, :])[:, ::-1], axis=1)[:, ::-1]
-    R = np.append(R[idx[:-1], idx[:-1] + 1], 0.0)  # sum over b > g of P[g, b] Hs_b
+    rs = np.triu(M, 1).sum(axis=1)  # sum over b > a of M[a, b]
+    v = np.diag(M) + 2.0 * rs
+    Q = v.sum() - np.cumsum(v)  # sum over a, b > g of M[a, b]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        R = np.where(Hs > 0, rs / Hs, 0.0)  # sum over b > g of P[g, b] Hs_b
     U, V = suffix_within(G, u), suffix_within(G, u * u)
     return Q[gid] + 2.0 * U * R[gid] + c[gid] * (U * U - V) - sufS[gid], sufS
 

@@ -670,7 +670,7 @@ class Attention:
         if rows.keys is None:  # causal rows over all keys, on position groups
             m, hc, hx = G.m, cz.gmean(G, h), cz.gmean(G, np.sqrt(a))
             B = cz.mix_backward_rows(G, cz.State(g, Pg), rows.y2, drop, rows.shared)
-            cols = cz.mix_backward_rows(G, cz.State(0.0 * g, Pg * np.multiply.outer(hc, hc)), rows.y2, drop).qf
+            cols = cz.pair_suffix(G, Pg * np.multiply.outer(hc, hc) * ~np.diag(G.single), 1.0 / m)[0]
             with np.errstate(invalid="ignore", divide="ignore"):
                 kd, kp = cz.row_sums(G, ek / m, np.where(m > 1, -ek / (m * (m - 1.0)), 0.0))
         else:  # windows and bidirectional rows, position by position
