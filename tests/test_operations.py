@@ -285,3 +285,33 @@ def test_embeddings_moments_match_numpy_and_torch(model):
         vals.append([v.mean() for v in pair_moments(m(ids).detach().numpy())])
     tq, tp = np.mean(vals, axis=0)
     assert abs(tq - q) <= TOL * q  # uniform ids in torch here: only q is comparable (p depends on the token law)
+
+
+# ------------------------------------------------------------------------------------------------
+# The position-resolved backward of every position-wise operation against its pair backward
+
+
+@pytest.mark.parametrize("name", [k for k in OPERATIONS if not k.startswith(("attention", "residual-reordered",
+                                                                           "residual-parallel"))])
+def test_causal_backward_is_the_pair_backward_on_exchangeable_positions(name):
+    """On a state where every position has the same q and every pair the same p (and the gradient the same gq, gp),
+    an operation that acts position by position must map the gradient as its moments_backward does: every
+    position's g and every group pair's cross moment (ReLU, GeLU, linear exactly; the Mehler series of SiLU, tanh
+    and the gates within 1e-3). Attention (rows of t keys) is test_causal's."""
+    from initadvisor.core import causal as cz
+
+    op = OPERATIONS[name]()
+    G = cz._grid(40, 8, 1.3)
+    K = len(G.n)
+
+    def state(a, b):
+        P = np.full((K, K), b)
+        P[G.single, G.single] = 0.0
+        return cz.State(np.full(G.T, a), P)
+
+    _, cache = op.causal(G, state(INPUTS["q"], INPUTS["p"]))
+    D = op.causal_backward(G, state(INPUTS["gq"], INPUTS["gp"]), cache)
+    gq, gp = op.moments_backward(INPUTS["gq"], INPUTS["gp"], op.moments(INPUTS["q"], INPUTS["p"])[2])
+    off = ~np.eye(K, dtype=bool) | ~G.single[:, None]
+    assert np.allclose(D.qf, gq, rtol=1e-3), (D.qf[:3], gq)
+    assert np.allclose(D.P[off], gp, rtol=1e-3, atol=1e-6), (D.P[off][:3], gp)

@@ -670,18 +670,21 @@ class Attention:
         if rows.keys is None:  # causal rows over all keys, on position groups
             m, hc, hx = G.m, cz.gmean(G, h), cz.gmean(G, np.sqrt(a))
             B = cz.mix_backward_rows(G, cz.State(g, Pg), rows.y2, drop, rows.shared)
-            cols = cz.pair_suffix(G, Pg * np.multiply.outer(hc, hc) * ~np.diag(G.single), 1.0 / m)[0]
+            Zh = Pg * np.multiply.outer(hc, hc) * rows.overlap * ~np.diag(G.single)
+            cols = cz.pair_suffix(G, Zh, 1.0 / m)[0]
             with np.errstate(invalid="ignore", divide="ignore"):
                 kd, kp = cz.row_sums(G, ek / m, np.where(m > 1, -ek / (m * (m - 1.0)), 0.0))
         else:  # windows and bidirectional rows, position by position
             w, hc, hx = rows.keys[2], h, np.sqrt(a)
             B = cz.mix_backward_window(cz.State(g, Pg), rows.y2, drop, *rows.keys, rows.shared)
-            cols = cz.mix_backward_window(cz.State(0.0 * g, Pg * np.multiply.outer(hc, hc)), rows.y2, drop,
-                                          *rows.keys).qf
+            cols = cz.mix_backward_window(cz.State(0.0 * g, Pg * np.multiply.outer(hc, hc) * rows.overlap), rows.y2,
+                                          drop, *rows.keys).qf
             with np.errstate(invalid="ignore", divide="ignore"):
                 kd, kp = cz.window_sums(ek / w, np.where(w > 1, -ek / (w * (w - 1.0)), 0.0), *rows.keys[:2])
         qk = e + kd + cols
         kp = kp + np.multiply.outer(hx, hx) * rows.overlap * Pg  # two queries' overlapping Jacobians
+        if rows.keys is None:  # the column term sums to zero over the keys two rows share
+            kp = kp - cz.shared_key_pairs(G, Zh * np.multiply.outer(G.A, G.A))
         total = g_v * B.qf + qk
         rows.qk_share = float(np.clip(qk.sum() / total.sum(), 0.0, 1.0)) if total.sum() > 0 else 0.0
         return cz.State(total, g_v * B.P + kp)
