@@ -14,7 +14,7 @@ Tolerances (per layer): q within 15% (relative), gradient ratio grad_q_i / grad_
 (causal decoders, mean over all token pairs; late-token rho, pairs within the last third of positions, is checked
 too). The gradient at the first indices of pre-norm models with 0.02-std embeddings (q_0 = 4e-4, divided out by
 the first norm) is heavy-tailed: 4 seeds x 2 sequences put Llama's index 0 anywhere in -29% .. +26% of check's over
-six seed sets, hence 16 seeds (measured over rng seeds 0-2: every gated family within 19%; OLMo 2 18-30% low at
+six seed sets, hence 16 seeds (measured over rng seeds 0-2: every gated family within 19%; OLMo 2 17-30% low at
 index 1, printed, not gated).
 
 `python -m pytest tests/test_reality.py -s` prints the per-family accuracy table.
