@@ -161,6 +161,29 @@ def double_depth_scaling(spec, a) -> list[Finding]:
                              f"moment is scaled by {show((ratio * mult) ** 2, '.3g')}{grown}")]
 
 
+def windows_mask_collapse(spec, a) -> list[Finding]:
+    """The same stack with every layer global (window 0): its rho by _rho's measure, position-resolved where the
+    engine resolves it."""
+    from initadvisor.diagnose import causal_trace
+    from initadvisor.core.model import propagate
+    from initadvisor.stack import from_spec
+
+    th = spec.thresholds["rank_collapse_rho"]
+    if not spec.sliding_window or _collapse_at(spec, a) is not None:  # IA101 takes precedence
+        return []
+    stack = from_spec(spec, window=0)
+    ct = causal_trace(stack) if spec.causal else None
+    rho = propagate(stack, backward=False).rho if ct is None else ct.rho_thirds[:, 2]
+    hit = (rho >= th).nonzero()[0]
+    if not hit.size:
+        return []
+    k, own = int(hit[0]), _rho(spec, a)
+    return [finding("IA107", f"the sliding windows keep rho at {show(float(own.max()), '.4f')} at most, but with "
+                             f"every layer global it reaches {show(float(rho[k]), '.4f')} >= {th} at layer {k}: the "
+                             "local layers mask a collapse of global attention (longer windows, fewer local layers or "
+                             "a longer context bring it back)", k)]
+
+
 def _beta_ratio(a):
     x = a.trace.beta / a.trace.beta_c
     return x, int(x.argmax())
@@ -410,6 +433,25 @@ RULES: dict[str, Rule] = {r.code: r for r in [
         fails={"model": {"layers": 16, "norm": "pre"}, "init": {"o": {"std": 0.0035}, "ff_out": {"std": 0.0035}},
                "residual": {"depth_alpha": 1.0}},
         passes={"model": {"layers": 16, "norm": "pre"}, "init": {"o": {"std": 0.0035}, "ff_out": {"std": 0.0035}}},
+    ),
+    Rule(
+        code="IA107", name="windows-mask-collapse", severity="warning", title="Sliding windows mask a rank collapse",
+        threshold_key=None, criterion="rho >= rank_collapse_rho at some layer with every layer global, below it with "
+                                      "the sliding windows (and no IA101)",
+        keys=("model.sliding_window", "model.window_blocks", "residual.attention.skip"), check=windows_mask_collapse,
+        meaning="Local attention averages each token with its last W keys only, so tokens stay apart and rho stays "
+                "low; the same stack with global attention in every layer collapses. The model is one change away "
+                "from rank collapse: longer windows, more global layers (long-context variants turn local layers "
+                "global) or a longer sequence for the global ones.",
+        formula="rho_l of the stack with window = 0 in every block (position-resolved for causal models, late third) "
+                "against the same with the spec's windows",
+        source="Giorlandino & Goldt 2025, Result 1 and eqs. 14-17, with a REM per window (Beltagy et al. 2020, "
+               "Longformer; Gemma 2 and 3)",
+        fix="Make the stack trainable with global attention too: a stronger attention skip (alpha_SA >= alpha_c, "
+            "`initadvisor recommend`), or a smaller value/output gain.",
+        fails={"model": {"layers": 8, "norm": "pre", "causal": True, "sliding_window": 4}, "init": {"v": {"gain": 4}}},
+        passes={"model": {"layers": 8, "norm": "pre", "causal": True, "sliding_window": 4}, "init": {"v": {"gain": 4}},
+                "residual": {"attention": {"skip": 2.0}}},
     ),
     Rule(
         code="IA201", name="entropy-collapse", severity="error", title="Entropy collapse",
