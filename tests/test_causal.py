@@ -483,7 +483,8 @@ def test_rows_overlap_beyond_uniform_in_the_transpose(grouped):
 
 
 def test_backward_beyond_its_reach_says_so(monkeypatch):
-    """Beyond BACKWARD_T positions the gradient is the late-token pair's, and check's notes say so."""
+    """Beyond BACKWARD_T positions the position-resolved engine is skipped (forward and gradient: the late-token
+    pair), and check's notes say so."""
     import initadvisor.core.model as model
     import initadvisor.diagnose as diagnose
 

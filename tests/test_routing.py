@@ -67,3 +67,15 @@ def test_rope_coherence_is_the_mean_cosine(m, d_head, theta, fraction):
 def test_rope_rows_interpolate_the_exact_law():
     exact = att.rope_coherence(np.arange(1, 3001), 128, 1e4, 1.0)
     np.testing.assert_allclose(att.rope_rows(3000, 128, 1e4, 1.0), exact, atol=1e-5)
+
+
+def test_statistics_in_chunks(monkeypatch):
+    """Positions of a long causal sequence go through the routing tables in chunks: the same numbers."""
+    import initadvisor.core.routing as routing
+
+    rng = np.random.default_rng(4)
+    s2, rho = rng.uniform(0.01, 5.0, 3000), rng.uniform(-1.0, 1.0, 3000)
+    whole = routing.statistics(8, 2, "softmax", True, 1.0, s2, rho)
+    monkeypatch.setattr(routing, "_CHUNK", 100)
+    for a, b in zip(routing.statistics(8, 2, "softmax", True, 1.0, s2, rho), whole):
+        assert a.shape == (3000,) and np.array_equal(a, b)

@@ -110,18 +110,19 @@ def resolvable(stack: Stack) -> bool:
 
 
 def fits(layers: int, seq_len: int) -> bool:
-    """The position-resolved engine's reach: (layers + 1) x T cells."""
-    return (layers + 1) * seq_len <= CAUSAL_CELLS
+    """The position-resolved engine's reach: (layers + 1) x T cells, and T up to BACKWARD_T (its per-position
+    temporaries: about 2 GB at T = 4e6)."""
+    return (layers + 1) * seq_len <= CAUSAL_CELLS and seq_len <= BACKWARD_T
 
 
 def notes(spec) -> list[str]:
     """What the analysis left out for this spec."""
+    if spec.causal and spec.seq_len > BACKWARD_T:
+        return [f"causal: T = {spec.seq_len} exceeds {BACKWARD_T} positions: the position-resolved prediction is "
+                "skipped, rows (forward and gradient) use the late-token pair"]
     if spec.causal and not fits(spec.layers, spec.seq_len):
         return [f"causal: (layers + 1) x T = {(spec.layers + 1) * spec.seq_len:.3g} exceeds {CAUSAL_CELLS:.0e} "
                 "positions x layers: the position-resolved prediction is skipped, rows use the late-token pair"]
-    if spec.causal and spec.seq_len > BACKWARD_T:
-        return [f"causal: T = {spec.seq_len} exceeds {BACKWARD_T} positions for the position-resolved backward: "
-                "the gradient uses the late-token pair"]
     T = spec.seq_len
     if spec.sliding_window and spec.sliding_window < T and (spec.layers + 1) * T * T > WINDOW_CELLS:
         most = int((WINDOW_CELLS / (spec.layers + 1)) ** 0.5)

@@ -81,10 +81,18 @@ _STEPS = 8  # tables at s = 10^(i / _STEPS), interpolated linearly in log s betw
 _LOG_S = (-3.0, 3.0)  # s clipped to [1e-3, 1e3]: uniform weights (to 0.1%) below, one-hot above
 
 
+_CHUNK = 1 << 16  # statistics evaluates at most this many points at once
+
+
 def statistics(E: int, k: int, router: str, normalize: bool, scale: float, s2, rho):
     """(A, B, F, F_x) at logit variance s2 = g_r q and token correlation rho (arrays broadcast)."""
     s2, rho = np.broadcast_arrays(np.asarray(s2, dtype=float), np.asarray(rho, dtype=float))
     shape = s2.shape
+    if s2.size > _CHUNK:  # a long causal sequence's positions: bounded temporaries
+        n = s2.size // _CHUNK + 1
+        parts = [statistics(E, k, router, normalize, scale, a, b)
+                 for a, b in zip(np.array_split(s2.ravel(), n), np.array_split(rho.ravel(), n))]
+        return tuple(np.concatenate([p[i] for p in parts]).reshape(shape) for i in range(4))
     with np.errstate(divide="ignore"):
         x = _STEPS * np.clip(0.5 * np.log10(np.nan_to_num(s2.ravel(), nan=1.0)), *_LOG_S)
     lo = np.floor(x)
