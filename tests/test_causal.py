@@ -498,7 +498,8 @@ def test_backward_beyond_its_reach_says_so(monkeypatch):
     assert [r["grad_q"] for r in resolved["layers"]] != pytest.approx(list(run_spec(spec).grad_q), rel=1e-3)
 
 
-@pytest.mark.parametrize("inputs", [{"q": 1.7, "p": 0.6, "gq": 1.3, "gp": 0.4}, {"q": 1.0, "p": 0.3, "gq": 1.0, "gp": 0.0}],
+@pytest.mark.parametrize("inputs", [{"q": 1.7, "p": 0.6, "gq": 1.3, "gp": 0.4},
+                                    {"q": 1.0, "p": 0.3, "gq": 1.0, "gp": 0.0}],
                          ids=["correlated-gradient", "independent-gradient"])
 @pytest.mark.parametrize("name, qk_beta", [("attention-causal", None), ("attention-rotary", None),
                                            ("attention-qk-norm-all-causal", None), ("one-head", 1.0),

@@ -297,8 +297,8 @@ def test_qk_path_carries_the_gradient_past_the_uniform_phase(qk_beta, model):
     the backward's gradient q is within 30% of the numpy network's (measured 3-16% low: the cross-row overlap Yp
     is still annealed), where the value path alone is 55-89% low; the query/key path's share of it is at least 25%.
     Its gp within 10% (+4 standard errors): the key half's -1/(T - 1) cross-token moment (without it gp is 55% high
-    at 2.4) and the queries' overlapping Jacobians (without them 20-50% low past beta_c). The narrow and wide heads fail with H d_head / d counted twice (the output projection's gain carries
-    it): 47-55% low and 30% high."""
+    at 2.4) and the queries' overlapping Jacobians (without them 20-50% low past beta_c). The narrow and wide heads
+    fail with H d_head / d counted twice (the output projection's gain carries it): 47-55% low and 30% high."""
     import test_operations as H
     from initadvisor.core.ops import Attention
 

@@ -534,10 +534,8 @@ def mix_backward_rows(G: _Grid, S: State, y2: np.ndarray, drop: float = 0.0, sha
     within groups. shared: the rows' overlap beyond uniform, Yp - 1 / max(t, t') per group pair (the forward's):
     spread over the min(t, t') keys the two rows share, and -1 / (min - 1) of it between two of them (rows whose
     queries correlate attend to the same keys: e^(rho v) - 1 of uniform, Qwen3's gradient 17% -> 1% at block 1)."""
-    K, gid, n, m = len(G.n), G.gid, G.n, G.m
-    keep = 1.0 - drop
-    d = y2 / keep
-    s2 = 1.0 + y2 * drop / keep
+    K, n, m = len(G.n), G.n, G.m
+    d, _, s2, _ = att.mixing(y2, 0.0, 1.0, False, drop)
     g = S.qf
     Pm = S.P.copy()
     Pm[G.single, G.single] = 0.0
@@ -627,9 +625,7 @@ def mix_backward_window(S: State, y2: np.ndarray, drop: float, lo: np.ndarray, h
     """mix_backward_rows at full resolution for rows over key intervals (row t: keys lo_t..hi_t, w_t of them):
     the cross-row part sum_{t in R_s, t' in R_s'} P_tt' / (w_t w_t') as box sums of the prefix-summed matrix over
     the readers R_s x R_s' (t != t': P's diagonal is 0); shared = (Yp - uniform overlap, number of shared keys)."""
-    keep = 1.0 - drop
-    d = y2 / keep
-    s2 = 1.0 + y2 * drop / keep
+    d, _, s2, _ = att.mixing(y2, 0.0, 1.0, False, drop)
     g = S.qf
     with np.errstate(invalid="ignore", divide="ignore"):
         diag, out = window_sums(d * g / w, np.where(w > 1, (s2 - d) * g / (w * (w - 1.0)), 0.0), lo, hi)

@@ -515,8 +515,9 @@ class Attention:
     def _qk_gain(self, q, p, kp, qq, bc, y2, yp, y3, y22):
         """The query/key path of the backward: (a, a_key, b, x) with a gq + b gp its gradient q per coordinate of the
         attention input (a_key of a: through the keys) and x gp the queries' share of its p, gq and gp the gradient
-        moments at the attention output (before W_O). The scores' gradient d_ts = A_ts G_t.(V_s - O_t) has E sum_s d_ts^2 = E tr(M^2) g_V (q - p) d_head gq,
-        E tr(M^2) = Y2 - 2 Y3 + Y2^2 (the softmax Jacobian, exact at finite T). W_Q carries it back over the keys'
+        moments at the attention output (before W_O). The scores' gradient d_ts = A_ts G_t.(V_s - O_t) has
+        E sum_s d_ts^2 = E tr(M^2) g_V (q - p) d_head gq, E tr(M^2) = Y2 - 2 Y3 + Y2^2 (the softmax Jacobian, exact at
+        finite T). W_Q carries it back over the keys'
         spread q - kappa p; W_K over each query's whole norm q + b_Q^2 (its own row, t = t') and, through the queries'
         common part kappa p + b_Q^2 (rotary: its share over pairs), over the column sums of d: (T - 1) Yp E tr(M^2)
         / Y2 per row, times gp. With beta^2 ln T = (s_Q s_K d)^2 scale^2 d_head and the heads' H d_head / d:
@@ -524,13 +525,12 @@ class Attention:
         (q - kappa p) (kappa p + b_Q^2) g_V E tr(M^2) (T - 1) Yp / Y2 H d_head / d. Two queries' gradients correlate as
         their rows' Jacobians overlap, E tr(M_t M_t') ~ E tr(M^2) Yp / Y2: x = a_query Yp / Y2 (without it the
         operation's gp is 10-50% low past beta_c; the keys' part sums to zero over the keys: -1/(T - 1) of a_key gq
-        + b gp). H d_head / d is already in gq: the
-        backward's g_O gq is std_O^2 H d_head gq where the gradient at O is std_O^2 d gq. O(1/T) in the uniform phase
-        when gp = 0, dominant once attention localises; 0 for T = inf and for causal rows (position-resolved:
-        _qk_rows)."""
+        + b gp). H d_head / d is already in gq: the backward's g_O gq is std_O^2 H d_head gq where the gradient at O
+        is std_O^2 d gq. O(1/T) in the uniform phase when gp = 0, dominant once attention localises; 0 for T = inf and
+        for causal rows (position-resolved: _qk_rows)."""
         P = self.P
         if P.causal:  # left to a position-resolved backward: on the late-token pair it overshoots deep causal stacks
-            return 0.0, 0.0, 0.0, 0.0  # (5x-6000x at beta >= beta_c; one causal layer alone: within 3% of the Monte-Carlo)
+            return 0.0, 0.0, 0.0, 0.0  # (5x-6000x at beta >= beta_c; one causal layer alone: within 3%)
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             s2 = 2.0 * np.divide(P.beta, bc) ** 2 * np.log(P.seq_len)  # (a window's n keys: the same at beta_n, ln n)
             jt = G.jacobian_trace(y2, y3, y22)
