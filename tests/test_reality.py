@@ -2,10 +2,10 @@
 
 For each family a small but deep model (16 layers, d = 256, 4 heads, T = 128) is built from its
 transformers config class, the config is written with `save_pretrained`, imported with
-`initadvisor.hf.import_config(path, seq_len=T)` and predicted by `diagnose.check` (per-layer q and rho; causal
-models position-resolved) and `run_spec` (gradients, IPR, late-token pair). The same config is
-instantiated with `AutoModel.from_config` (eager attention, training mode, dropout active) and measured by
-`initadvisor.torch.measure` over a few seeds (Zipf-distributed token ids, as the engine's
+`initadvisor.hf.import_config(path, seq_len=T)` and predicted by `diagnose.check` (per-layer q, rho and gradient;
+causal models position-resolved, forward and backward) and `run_spec` (IPR, the late-token pair's q). The same
+config is instantiated with `AutoModel.from_config` (eager attention, training mode, dropout active) and measured by
+`initadvisor.torch.measure` over 16 seeds (Zipf-distributed token ids, as the engine's
 `input_correlation: auto` assumes). No mocks, no fudge factors: the engine's own definitions
 (q, p, rho = p / q per stream index; gradient second moments of loss = sum(h_L * G) normalised at index L).
 
