@@ -554,20 +554,14 @@ def mix_backward_rows(G: _Grid, S: State, y2: np.ndarray, drop: float = 0.0, sha
     X[idx, idx] = within
     out += X
     if shared is not None:
-        Z = Pm * shared * G.A[G.lo]  # per shared key: 1 / min(t, t') of it
+        a = G.A[G.lo]  # 1 / min(t, t')
+        Z = Pm * shared * a  # per shared key
         diag_p = diag_p + pair_suffix(G, Z, np.ones(G.T))[0]
-        out -= shared_key_pairs(G, Z)
+        with np.errstate(divide="ignore", invalid="ignore"):  # -Z / (min(t, t') - 1) between two shared keys
+            F = pair_suffix(G, np.where(a < 1.0, Z * a / (1.0 - a), 0.0), np.ones(G.T))[0]
+        out -= gmean(G, F)[G.hi]
     out[G.single, G.single] = 0.0
     return State(diag + diag_p, out)
-
-
-def shared_key_pairs(G: _Grid, Z: np.ndarray) -> np.ndarray:
-    """Per group pair of keys s != s': -sum over row pairs t != t' >= max(s, s') of Z_tt' / (min(t, t') - 1), for an
-    amount Z per key that two rows send to each of the min(t, t') keys they share and that sums to zero over them."""
-    a = G.A[G.lo]  # 1 / min(t, t')
-    with np.errstate(divide="ignore", invalid="ignore"):
-        F = pair_suffix(G, np.where(a < 1.0, Z * a / (1.0 - a), 0.0), np.ones(G.T))[0]
-    return gmean(G, F)[G.hi]
 
 
 def pair_suffix(G: _Grid, Pm: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
