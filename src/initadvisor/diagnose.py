@@ -171,9 +171,10 @@ def analyse(spec, stack: Stack | None = None) -> Analysis:
     """The engine's run of the spec's stack (or a given one, e.g. a recipe's per-layer stack) and what derives
     from it: every analysis sees the same per-layer model."""
     stack = from_spec(spec) if stack is None else stack
-    trace = propagate(stack)
     ct = causal_trace(stack, backward=True)
-    if ct is not None and ct.grad_q is not None:  # the gradient is carried by every position, not the late pair
+    resolved = ct is not None and ct.grad_q is not None  # the gradient of every position, not the late pair's
+    trace = propagate(stack, backward=not resolved)
+    if resolved:
         trace = replace(trace, grad_q=ct.grad_q, grad_p=ct.grad_p, grad_scale=ct.grad_q[0], qk_share=ct.qk_share)
     return Analysis(stack, trace, ct, growth(stack, trace), width(stack, trace), *qk_laws(stack, trace),
                     initial_loss(spec, trace, stack, ct), routing(spec, trace))
