@@ -140,6 +140,7 @@ def valid_spec(r, max_layers: int = 2000, small: bool = False) -> dict:
         data["sequence"] = seq
     opt(data, "dropout", lambda: r.real(0.0, 0.999))
     opt(data, "attention_dropout", lambda: r.real(0.0, 0.999))
+    opt(data, "mlp_dropout", lambda: r.real(0.0, 0.999), 0.2)
     init: dict = {}
     opt(init, "std", lambda: real(r, 1e-8, 999999.0, (0.005, 0.2)))
     use_beta = r.coin(0.3)
@@ -204,11 +205,12 @@ def hf_config(r, mutate: bool) -> dict:
         if op == "delete":
             cfg.pop(key, None)
         elif op == "model_type":
-            cfg["model_type"] = r.choice([*FAMILIES, "t5", "", 5, None])
+            cfg["model_type"] = r.choice([*FAMILIES, "xlnet", "", 5, None])
         else:
             new = r.choice(["hidden_act", "head_dim", "n_inner", "num_key_value_heads", "sliding_window",
                             "use_sliding_window", "is_decoder", "type_vocab_size", "embedding_size",
-                            "rotary_pct", "pad_token_id", "max_window_layers", "layer_types", "x"])
+                            "rotary_pct", "pad_token_id", "max_window_layers", "layer_types", "feed_forward_proj",
+                            "d_kv", "initializer_factor", "x"])
             cfg[key if op == "value" else new] = r.choice(HF_VALUES)
     return cfg
 

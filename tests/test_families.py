@@ -54,9 +54,14 @@ def models():
     for f in FAMILIES:
         torch.manual_seed(0)
         config = transformers.AutoConfig.from_pretrained(DATA / f)
-        base = transformers.AutoModel.from_config(config, attn_implementation="eager").eval()
-        auto = transformers.AutoModelForMaskedLM if f == "modernbert" else transformers.AutoModelForCausalLM  # no LM
-        lm = auto.from_config(config, attn_implementation="eager").eval()
+        if f == "t5":  # the encoder stack, and the encoder-decoder; the relative bias zeroed (_attention's test)
+            base = transformers.T5EncoderModel._from_config(config, attn_implementation="eager").eval()
+            lm = transformers.T5ForConditionalGeneration._from_config(config, attn_implementation="eager").eval()
+            torch.nn.init.zeros_(base.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight)
+        else:
+            base = transformers.AutoModel.from_config(config, attn_implementation="eager").eval()
+            auto = transformers.AutoModelForMaskedLM if f == "modernbert" else transformers.AutoModelForCausalLM
+            lm = auto.from_config(config, attn_implementation="eager").eval()
         out[f] = config, import_config(DATA / f)[0], base, lm
     return out
 
@@ -90,10 +95,11 @@ def test_rules_match_real_modules_of_the_right_shape(models, family: str) -> Non
 
     config, spec, model, _ = models[family]
     fam = FAMILIES[family]
-    d, d_ff, kv = spec.d_model, spec.d_ff, spec.kv_heads * spec.d_head
+    d, d_ff, kv, hq = spec.d_model, spec.d_ff, spec.kv_heads * spec.d_head, spec.heads * spec.d_head
     d_emb = getattr(config, "embedding_size", d)  # ELECTRA's embeddings are narrower
-    out_in = {"q": (d, d), "k": (kv, d), "v": (kv, d), "o": (d, d), "ff_in": (d_ff, d), "ff_out": (d, d_ff),
+    out_in = {"q": (hq, d), "k": (kv, d), "v": (kv, d), "o": (d, hq), "ff_in": (d_ff, d), "ff_out": (d, d_ff),
               "qkv": (d + 2 * kv, d), "qkv-neox": (d + 2 * kv, d)}  # [q | k | v] rows, or per K/V group
+    gated = spec.activation in ("swiglu", "geglu")
     matrices = {n: m for n, m in model.named_modules()
                 if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2}
     moe = spec.moe
@@ -111,6 +117,8 @@ def test_rules_match_real_modules_of_the_right_shape(models, family: str) -> Non
         hits = [n for n in matrices if _first_match(n, fam.rules) == (suffix, role)]
         count = 1 if role == "embedding" else dense if suffix.startswith("mlp.") else spec.layers
         count = 0 if suffix == "head.dense" else count  # ModernBERT's MLM head: in the masked-LM model only
+        if suffix.startswith("DenseReluDense.wi"):  # T5: wi (ReLU) or wi_0 and wi_1 (gated), one layout a model
+            count *= (suffix == "DenseReluDense.wi") != gated
         assert len(hits) == count, (suffix, hits)
         for n in hits:
             w = matrices[n].weight

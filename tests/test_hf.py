@@ -369,8 +369,8 @@ def test_directory_and_qwen2_sliding(tmp_path: Path) -> None:
 
 def test_unsupported_model_type(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as e:
-        import_config(write(tmp_path, raw("llama") | {"model_type": "t5"}))
-    assert "'t5'" in str(e.value) and all(f in str(e.value) for f in SUPPORTED)
+        import_config(write(tmp_path, raw("llama") | {"model_type": "xlnet"}))
+    assert "'xlnet'" in str(e.value) and all(f in str(e.value) for f in SUPPORTED)
     assert e.value.key == "model_type" and e.value.file.endswith("config.json") and e.value.line
 
 
@@ -515,3 +515,51 @@ def test_real_model_structure_matches_spec(models) -> None:
     assert models["roberta"].embeddings.position_embeddings.num_embeddings - 2 == rob_spec.seq_len
     el = models["electra"]
     assert el.embeddings_project.in_features == 32 and el.embeddings_project.out_features == 64
+
+
+def test_t5_encoder_mapping_and_init() -> None:
+    """T5 (v1.1 layout: gated GeLU, heads * d_kv != d_model, untied): the encoder stack's spec field by field from the
+    JSON, and its init against the real T5EncoderModel built from the same file (T5's own rule: q (d d_kv)^-1/2, k,
+    v, wi d^-1/2, o (heads d_kv)^-1/2, wo d_ff^-1/2, embedding 1; norm gains 1; no biases)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    c = raw("t5")
+    d, dkv, H, F = c["d_model"], c["d_kv"], c["num_heads"], c["d_ff"]
+    spec, notes = import_config(cfg_path("t5"))
+    assert (spec.layers, spec.d_model, spec.heads, spec.d_head, spec.d_ff) == (c["num_layers"], d, H, dkv, F)
+    assert (spec.norm, spec.norm_type, spec.causal, spec.activation, spec.softmax_scale) == (
+        "pre", "rmsnorm", False, "geglu", 1.0)
+    assert spec.dropout == spec.mlp_dropout == spec.attention_dropout == c["dropout_rate"]
+    assert spec.embeddings == ("token",) and spec.seq_len == 512 and spec.norm_eps == c["layer_norm_epsilon"]
+    assert spec.head_init.std == 1.0  # scale_decoder_outputs false: the N(0, 1) embedding without a rescale
+    assert "relative_attention_bias" in "\n".join(notes) and "gelu_new" in "\n".join(notes)
+    torch.manual_seed(0)
+    model = transformers.T5EncoderModel._from_config(transformers.AutoConfig.from_pretrained(DATA / "t5"))
+    want = {"q": (d * dkv) ** -0.5, "k": d ** -0.5, "v": d ** -0.5, "o": (H * dkv) ** -0.5, "ff_in": d ** -0.5,
+            "ff_out": F ** -0.5, "embedding": 1.0}
+    names = {"q": r"SelfAttention\.q\.", "k": r"SelfAttention\.k\.", "v": r"SelfAttention\.v\.",
+             "o": r"SelfAttention\.o\.", "ff_in": r"DenseReluDense\.wi_[01]\.", "ff_out": r"DenseReluDense\.wo\.",
+             "embedding": r"^shared\."}
+    params = dict(model.named_parameters())
+    for m, pattern in names.items():
+        w = torch.cat([p.detach().flatten() for n, p in params.items() if re.search(pattern, n)])
+        assert spec.init[m].std == pytest.approx(want[m], rel=1e-12), m
+        assert w.pow(2).mean().sqrt().item() == pytest.approx(want[m], rel=0.05), m
+    assert not any(n.endswith("bias") for n in params)
+    assert all(torch.all(p == 1) for n, p in params.items() if "layer_norm" in n)
+    back = parse_spec(to_yaml(*read_hf_config(cfg_path("t5"))), "t5.yaml")
+    assert dataclasses.replace(back, source=spec.source) == spec
+
+
+def test_t5_variants(tmp_path: Path) -> None:
+    """The original T5 (ReLU, tied head rescaled by d^-1/2); decoder stacks and non-unit initializer_factor are
+    refused with the field named."""
+    base = {"model_type": "t5", "d_model": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 100}
+    spec, _ = import_config(write(tmp_path, base))
+    assert spec.activation == "relu" and spec.d_head == 64 and spec.head_init.std == 64 ** -0.5  # d_kv default 64
+    for field, value, match in (("initializer_factor", 0.5, "T5LayerNorm's gain"), ("is_decoder", True, "decoder"),
+                                ("feed_forward_proj", "gated-gelu-x", "feed_forward_proj"),
+                                ("feed_forward_proj", "swoosh", "feed_forward_proj")):
+        with pytest.raises(SpecError, match=match) as e:
+            import_config(write(tmp_path, {**base, field: value}))
+        assert e.value.key == field

@@ -109,13 +109,18 @@ def _config(family: str):
         return cls(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
                    num_key_value_heads=2, head_dim=D // HEADS, query_pre_attn_scalar=D // HEADS, intermediate_size=688,
                    max_position_embeddings=T, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    if family == "t5":  # T5's encoder: pre-LN RMSNorm, unscaled logits, relative bias, ReLU, dropout 0.1 incl. hidden
+        return t.T5Config(vocab_size=VOCAB, d_model=D, num_layers=L, num_heads=HEADS, d_kv=D // HEADS, d_ff=4 * D)
+    if family == "t5_v1_1":  # T5 v1.1 / Flan-T5: gated GeLU (d_ff 8 d / 3), heads of 2 d / heads
+        return t.T5Config(vocab_size=VOCAB, d_model=D, num_layers=L, num_heads=HEADS, d_kv=2 * D // HEADS,
+                          d_ff=8 * D // 3, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
     raise KeyError(family)
 
 
 GRAD_FAMILY = 0.25  # the gradient ratio of every family but BERT, GPT-2 (GRAD_REL) and OLMo 2 (the known gap)
 FAMILIES = ("bert", "gpt2", "gpt_neox", "llama", "qwen3", "olmo2", "phi3", "gemma2", "gemma3_text", "mixtral",
             "qwen3_moe", "opt", "opt_post_ln", "falcon", "falcon_40b", "mistral_window", "gemma2_window",
-            "gemma3_window", "modernbert")
+            "gemma3_window", "modernbert", "t5", "t5_v1_1")
 _CACHE: dict[str, dict] = {}
 
 
@@ -138,8 +143,12 @@ def _result(family: str, tmp_path_factory) -> dict:
             "grad_q": np.array([r["grad_q"] for r in rep["layers"]])}  # causal: position-resolved
     t0 = time.perf_counter()
     causal = spec.causal  # the IPR is compared for the encoder only (causal rows have t + 1 keys)
-    model = pytest.importorskip("transformers").AutoModel.from_config(
-        cfg, attn_implementation="sdpa" if causal and not family.startswith("gemma2") else "eager")  # Gemma 2: no sdpa
+    from initadvisor.torch import _model_class
+
+    cls = _model_class(cfg.model_type, pytest.importorskip("transformers").AutoModel)  # T5: T5EncoderModel
+    impl = "sdpa" if causal and not family.startswith("gemma2") else "eager"  # Gemma 2: no sdpa
+    model = cls.from_config(cfg, attn_implementation=impl) if cls.__name__ == "AutoModel" \
+        else cls._from_config(cfg, attn_implementation=impl)
     m = measure(model, T, batch=BATCH, seeds=SEEDS, attentions=not causal)
     assert m["layers"] == L
     print(f"\n[{family}: measured in {time.perf_counter() - t0:.1f} s]")
@@ -353,6 +362,13 @@ def test_modernbert_local_global_encoder(result):
     """Bidirectional windows (|m - s| <= T / 8) in two of three layers, truncated init (0.88 x 0.02), depth-scaled
     output projections: the branches stay small at init, the stream close to its normed embeddings."""
     _assert_q_rho(result("modernbert"), late=False)
+
+
+@pytest.mark.parametrize("family", ["t5", "t5_v1_1"])
+def test_t5_encoder(result, family):
+    """T5's own init (q at (d d_kv)^-1/2, k and v at d^-1/2, embeddings N(0, 1)), unscaled logits, and dropout on the
+    MLP's hidden units as well as on each branch (the spec's mlp_dropout)."""
+    _assert_q_rho(result(family), late=False)
 
 
 def test_mixtral_experts(result):

@@ -313,6 +313,10 @@ def _intent(model: nn.Module, config: Any, family: str | None, blocks: int, part
     raw = _hf_raw(config)
     if raw is None:
         return _Intent(f"the spec {spec.name!r}", spec, None)
+    if raw["model_type"] == "t5":  # T5's only other weight, relative_attention_bias: factor d_model^-1/2
+        std = spec.d_model ** -0.5
+        return _Intent(f"transformers' t5 init (initializer_factor 1, relative bias d_model^-1/2 = {std:.4g})",
+                       spec, std)
     std = raw.get("initializer_range") or 0.02  # transformers: `config.initializer_range or 0.02`
     return _Intent(f"transformers' {raw['model_type']} init (initializer_range {std:g})", spec, std)
 
@@ -684,10 +688,13 @@ def audit_config(path: str | os.PathLike, layers: int = 2, seed: int = 0) -> Aud
         kinds = getattr(config, "layer_types", None)
         if isinstance(kinds, list) and kinds:  # per-layer attention kinds (Qwen2): repeated over the new depth
             config.layer_types = [kinds[i % len(kinds)] for i in range(layers)]
-        auto = AutoModelForCausalLM if spec.causal else AutoModelForMaskedLM
+        from initadvisor.torch import _model_class
+
+        auto = _model_class(config.model_type, AutoModelForCausalLM if spec.causal else AutoModelForMaskedLM)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = auto.from_config(config)
+            model = auto.from_config(config) if auto.__module__.startswith("transformers.models.auto") \
+                else auto._from_config(config)
     except Exception as e:  # noqa: BLE001
         raise SpecError(one_line(f"transformers cannot build this model: {type(e).__name__}: {e}")[:300],
                         fname) from None

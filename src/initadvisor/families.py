@@ -50,6 +50,8 @@ class Family:
         (`...ForCausalLM`, `...ForMaskedLM`).
     rules: the (module-name suffix, role) rules of init_code.RULES that the family's modules match.
     attn_dropout_key: the config field holding the attention-probability dropout rate.
+    model_class: the transformers class that builds the modelled stack where the Auto classes build another (T5:
+        the encoder alone), else None.
     """
 
     model_type: str
@@ -57,6 +59,7 @@ class Family:
     blocks: tuple[str, str]
     rules: tuple[tuple[str, str], ...]
     attn_dropout_key: str
+    model_class: str | None = None
 
     @property
     def fused_qkv(self) -> str | None:
@@ -447,6 +450,73 @@ def _opt(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     }
 
 
+def _t5(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
+    """T5's encoder stack (T5EncoderModel): pre-LN RMSNorm blocks without biases, unscaled logits (q . k), a learned
+    relative-position bias shared by the layers, ReLU or gated MLPs with a dropout on their hidden units; T5's own
+    init (`T5PreTrainedModel._init_weights`, factor = initializer_factor): embedding N(0, factor^2), q at
+    factor (d d_kv)^-1/2, k and v at factor d^-1/2, o at factor (heads d_kv)^-1/2, the MLP's input at factor
+    d^-1/2 and output at factor d_ff^-1/2, norm gains factor."""
+    g = cfg.get
+    layers = g("num_layers", "posint", required=True, spec_key="model.layers")
+    d = g("d_model", "posint", required=True, spec_key="model.d_model")
+    heads = g("num_heads", "posint", required=True, spec_key="model.heads")
+    d_kv = g("d_kv", "posint", 64, spec_key="model.head_dim")
+    d_ff = g("d_ff", "posint", 2048, spec_key="model.d_ff")
+    proj = g("feed_forward_proj", "str", "relu", spec_key="model.activation")
+    parts = proj.split("-")  # T5Config: ACT or gated-ACT; "gated-gelu" runs gelu_new (its dense_act_fn)
+    if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
+        raise cfg.error(f"unsupported feed_forward_proj {proj!r} (expected ACT or gated-ACT)", "feed_forward_proj")
+    gated, act = len(parts) == 2, "gelu_new" if proj == "gated-gelu" else parts[-1]
+    exact, approx = (_GATED, _GATED_APPROX) if gated else (_ACT, _ACT_APPROX)
+    if act in approx:
+        notes.append(f"feed_forward_proj {proj!r} ({act}) approximated by '{approx[act]}'")
+    elif act not in exact:
+        raise cfg.error(f"unsupported feed_forward_proj {proj!r}", "feed_forward_proj")
+    act = exact.get(act) or approx[act]
+    factor = g("initializer_factor", "float", 1.0, spec_key="init.std")
+    if factor != 1.0:
+        raise cfg.error(f"initializer_factor {factor:g} sets every T5LayerNorm's gain to it: norm gains other than 1 "
+                        "are not modelled", "initializer_factor")
+    if g("is_decoder", "bool", False):
+        raise cfg.error("T5's decoder stack (cross-attention) is not modelled: the import reads the encoder",
+                        "is_decoder")
+    length = _seq(cfg, "n_positions") if "n_positions" in cfg.raw else 512
+    if "n_positions" not in cfg.raw:
+        notes.append("T5 has no position table (a relative-position bias instead): sequence.length 512, the length "
+                     "it was trained at; --seq-len sets another")
+    vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
+    drop = g("dropout_rate", "prob", 0.1, spec_key="dropout")
+    for k in ("num_decoder_layers", "relative_attention_num_buckets", "relative_attention_max_distance"):
+        g(k, "any", None)
+    notes.append(f"the encoder stack only (T5EncoderModel); relative_attention_bias: one learned bias per head and "
+                 f"distance bucket, N(0, 1 / d_model) at init, adds 1 / {d} to the logits' variance (about 1 for "
+                 f"unit inputs): not modelled")
+    std = {"q": (d * d_kv) ** -0.5, "k": d ** -0.5, "v": d ** -0.5, "o": (heads * d_kv) ** -0.5,
+           "ff_in": d ** -0.5, "ff_out": d_ff ** -0.5, "embedding": 1.0}
+    # transformers 5 always ties the head to the embedding (N(0, 1)) and rescales the decoder's output by d^-1/2 unless
+    # the config said tie_word_embeddings: false (T5 v1.1), which it records as scale_decoder_outputs
+    scaled = g("scale_decoder_outputs", "bool", None)
+    if scaled is None:
+        scaled = g("tie_word_embeddings", "bool", True, spec_key="model.tie_embeddings") is not False
+    notes.append("initial_loss: T5ForConditionalGeneration's head reads the decoder, not this encoder; the spec's "
+                 "head is the embedding (N(0, 1)) " + ("after the decoder's d_model^-1/2 rescale: a head of std "
+                                                       "d_model^-1/2" if scaled else "without a rescale (T5 v1.1)"))
+    model = {"layers": layers, "d_model": d, "heads": heads, "kv_heads": heads, "d_ff": d_ff, "norm": "pre",
+             "norm_type": "rmsnorm", "attention": "softmax", "out_proj": True, "causal": False, "activation": act,
+             "embedding_norm": False, "parallel_residual": False, "final_norm": True, "tie_embeddings": False,
+             "head_transform": False, "softmax_scale": 1.0, "norm_eps": _eps(cfg, "layer_norm_epsilon", 1e-6)}
+    if heads * d_kv != d:
+        model["head_dim"] = d_kv
+    init = _init(std["q"], False, **std)
+    init["head"] = {"std": d ** -0.5 if scaled else 1.0, "bias_std": 0.0}
+    return {
+        "model": model,
+        "sequence": {"length": length, "vocab": vocab, "embeddings": ["token"]},
+        "dropout": drop, "mlp_dropout": drop, "attention_dropout": drop,
+        "init": init,
+    }
+
+
 def _llama_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     g = cfg.get
     layers, d, heads, d_ff = _shape(cfg)
@@ -644,6 +714,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("opt", _opt, ("decoder.layers", "model.decoder.layers"),
            _rules("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj", "fc1", "fc2",
                   "embed_tokens", "embed_positions"), "attention_dropout"),
+    Family("t5", _t5, ("encoder.block", "encoder.block"),
+           _rules("SelfAttention.q", "SelfAttention.k", "SelfAttention.v", "SelfAttention.o", "DenseReluDense.wi",
+                  "DenseReluDense.wi_0", "DenseReluDense.wi_1", "DenseReluDense.wo", "shared", "embed_tokens"),
+           "dropout_rate", "T5EncoderModel"),
     Family("gemma2", _gemma, ("layers", "model.layers"), _LLAMA_RULES, "attention_dropout"),
     Family("gemma3_text", _gemma, ("layers", "model.layers"), _LLAMA_RULES, "attention_dropout"),
 )}
@@ -658,6 +732,7 @@ BLOCK_PATHS = (
     "gpt_neox.layers",  # GPTNeoXForCausalLM
     "model.layers",  # LlamaForCausalLM & co.
     "decoder.layers", "model.decoder.layers",  # OPT
+    "encoder.block",  # T5EncoderModel
     "bert.encoder.layer", "roberta.encoder.layer", "electra.encoder.layer",
     "blocks",  # initadvisor.torch.SpecModel
 )

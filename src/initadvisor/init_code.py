@@ -30,6 +30,9 @@ _RULES_TEXT = """[
     ("attn.c_attn", "qkv"), ("attn.c_proj", "o"), ("mlp.c_fc", "ff_in"), ("mlp.c_proj", "ff_out"),
     ("word_embeddings", "embedding"), ("position_embeddings", "embedding"), ("token_type_embeddings", "embedding"),
     ("wte", "embedding"), ("wpe", "embedding"), ("embed_tokens", "embedding"), ("embed_in", "embedding"),
+    ("SelfAttention.q", "q"), ("SelfAttention.k", "k"), ("SelfAttention.v", "v"), ("SelfAttention.o", "o"),
+    ("DenseReluDense.wi", "ff_in"), ("DenseReluDense.wi_0", "ff_in"), ("DenseReluDense.wi_1", "ff_in"),
+    ("DenseReluDense.wo", "ff_out"), ("shared", "embedding"),
 ]"""
 RULES: list[tuple[str, str]] = ast.literal_eval(_RULES_TEXT)
 

@@ -99,6 +99,7 @@ class Spec:
     norm_eps: float = 0.0  # every norm's epsilon: x / sqrt(mean x^2 + eps)
     embedding_scale: float = 1.0  # the summed embedding tables times this entering the stream (Gemma: sqrt(d))
     embedding_dropout: float | None = None  # the embeddings' dropout rate; None: `dropout`
+    mlp_dropout: float = 0.0  # dropout on the MLP's hidden units (T5), besides `dropout` on the branch's output
     head_dim: int | None = None  # each head's width when heads * head_dim != d_model (Qwen3, Gemma); None: d / heads
     moe: Experts | None = None  # mixture-of-experts MLPs; None: dense
     depth_alpha: float = 0.0  # every branch times layers^-depth_alpha (depth-muP 1/2, CompleteP 1)
@@ -198,6 +199,7 @@ class Spec:
             },
             "dropout": self.dropout,
             "embedding_dropout": self.embedding_dropout,
+            "mlp_dropout": self.mlp_dropout,
             "attention_dropout": self.attention_dropout,
             "init": init,
             "residual": {
@@ -248,6 +250,7 @@ SCHEMA: dict[str, Any] = {
     "sequence": {"length": "posint", "vocab": "posint", "input_correlation": "corr", "embeddings": "embeddings"},
     "dropout": "prob",
     "embedding_dropout": "prob?",
+    "mlp_dropout": "prob",
     "attention_dropout": "prob",
     "init": {"std": "pos", "qk_beta": "pos?", **{m: _MATRIX for m in MATRICES}, "head": _MATRIX},
     "residual": {"attention": _RES, "mlp": _RES, "depth_alpha": "alpha"},
@@ -549,6 +552,7 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
         dropout=float(data.get("dropout", 0.0)),
         embedding_dropout=None if data.get("embedding_dropout") is None else float(data["embedding_dropout"]),
         attention_dropout=float(data.get("attention_dropout", 0.0)),
+        mlp_dropout=float(data.get("mlp_dropout", 0.0)),
         init=init, qk_beta=None if qk_beta is None else float(qk_beta),
         res_attention=Residual(float(ra.get("skip", 1.0)), float(ra.get("block", 1.0))),
         res_mlp=Residual(float(rm.get("skip", 1.0)), float(rm.get("block", 1.0))),

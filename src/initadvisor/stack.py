@@ -43,6 +43,7 @@ def block_params(spec, moe: bool = False) -> BlockParams:
         b_12=init["ff_in"].bias_std ** 2, b_22=init["ff_out"].bias_std ** 2,
         q_bias=init["q"].bias_std ** 2 / (sq**2 * spec.d_model), g_q=gain("q"), g_k=gain("k"),
         activation=spec.activation, dropout=spec.dropout, attn_dropout=spec.attention_dropout,
+        mlp_dropout=spec.mlp_dropout,
         skip_a=spec.res_attention.skip, block_a=spec.res_attention.block * spec.layers ** -spec.depth_alpha,
         skip_m=spec.res_mlp.skip, block_m=spec.res_mlp.block * spec.layers ** -spec.depth_alpha,
         qk_norm=spec.qk_norm, norm_eps=spec.norm_eps, rope_theta=spec.rope_theta or 0.0,

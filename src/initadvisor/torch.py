@@ -362,7 +362,9 @@ def measure_hf_config(source, spec, seeds: int = 3, batch: int = 2, device: str 
     from initadvisor.spec import SpecError, one_line
 
     def build() -> nn.Module:
-        return AutoModel.from_config(config, attn_implementation="eager").to(device)
+        cls = _model_class(config.model_type, AutoModel)
+        return cls.from_config(config, attn_implementation="eager").to(device) if cls is AutoModel \
+            else cls._from_config(config, attn_implementation="eager").to(device)
 
     where = "<config>"
     try:  # transformers validates the config its own way: what it refuses is the input's fault, in one line
@@ -378,6 +380,16 @@ def measure_hf_config(source, spec, seeds: int = 3, batch: int = 2, device: str 
         raise SpecError(one_line(f"transformers cannot build this model: {type(e).__name__}: {e}")[:300],
                         where) from None
     return measure(build, seq_len=spec.seq_len, batch=batch, seeds=seeds, device=device)
+
+
+def _model_class(model_type: str, auto):
+    """The class that builds a family's modelled stack: `auto`, or the family's own (T5: T5EncoderModel)."""
+    import transformers
+
+    from initadvisor.families import FAMILIES
+
+    name = getattr(FAMILIES.get(model_type), "model_class", None)
+    return getattr(transformers, name) if name else auto
 
 
 def apply(model: nn.Module, recommendation: dict) -> list[dict[str, Any]]:

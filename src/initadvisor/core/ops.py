@@ -64,6 +64,7 @@ class BlockParams:
     activation: str = "relu"
     dropout: object = 0.0
     attn_dropout: object = 0.0
+    mlp_dropout: float = 0.0  # on the MLP's hidden units (T5): as a dropout on its output, the same moments both ways
     skip_a: object = 1.0
     block_a: object = 1.0
     skip_m: object = 1.0
@@ -109,14 +110,18 @@ def block(P: BlockParams) -> tuple:
     Attention."""
     norm, drop, attn, mlp = Norm(P.norm_type, P.norm_eps), Dropout(P.dropout), Attention(P), (MoE if P.experts else MLP)(P)
     entry = Norm(P.norm_type, P.norm_eps, P.norm_gain) if P.norm_gain != 1.0 else norm  # the norm before a branch
+    if P.mlp_dropout:  # masks independent per token and unit: E (W (m h))^2 = E (m W h)^2, and so the gradients
+        mlp = (mlp, Dropout(P.mlp_dropout))
+    else:
+        mlp = (mlp,)
     if P.parallel:
-        return (Residual(P.skip_a, ((P.block_a, (attn, drop)), (P.block_m, (mlp, drop))), shared=(entry,)),)
+        return (Residual(P.skip_a, ((P.block_a, (attn, drop)), (P.block_m, (*mlp, drop))), shared=(entry,)),)
     if P.norm in ("pre", "sandwich", "reordered"):
         before = () if P.norm == "reordered" else (entry,)
         after = () if P.norm == "pre" else (norm,)
         return (Residual(P.skip_a, ((P.block_a, (*before, attn, *after, drop)),)),
-                Residual(P.skip_m, ((P.block_m, (*before, mlp, *after, drop)),)))
-    ra, rm = Residual(P.skip_a, ((P.block_a, (attn, drop)),)), Residual(P.skip_m, ((P.block_m, (mlp, drop)),))
+                Residual(P.skip_m, ((P.block_m, (*before, *mlp, *after, drop)),)))
+    ra, rm = Residual(P.skip_a, ((P.block_a, (attn, drop)),)), Residual(P.skip_m, ((P.block_m, (*mlp, drop)),))
     return (ra, norm, rm, norm) if P.norm == "post" else (ra, rm)
 
 
