@@ -184,6 +184,15 @@ def valid_spec(r, max_layers: int = 2000, small: bool = False) -> dict:
         opt(moe, "dense_blocks", lambda: sorted({r.integer(1, n) for _ in range(r.integer(0, min(n, 4)))}))
         opt(moe, "router_std", lambda: None if r.coin(0.2) else real(r, 1e-8, 999999.0, (0.005, 0.2)))
         data["moe"] = moe
+    if r.coin(0.15) and model.get("norm") in ("pre", "sandwich") and not model.get("layernorm_scaling") \
+            and model.get("qk_norm", "none") == "none" and "head_dim" not in model:  # where latent attention is valid
+        width = 64 if small else 4096
+        lat: dict = {k: max(1, int(r.real(1, width, log=True))) for k in ("kv_rank", "nope_dim", "v_dim")}
+        lat["rope_dim"] = 2 * r.integer(0, 4 if small else 64) if model.get("rope_theta") else 0
+        opt(lat, "q_rank", lambda: None if r.coin(0.3) else max(1, int(r.real(1, width, log=True))))
+        opt(lat, "down_std", lambda: None if r.coin(0.2) else real(r, 1e-8, 999999.0, (0.005, 0.2)))
+        if model.get("out_proj", True) or heads * lat["v_dim"] == d:
+            data["latent_attention"] = lat
     th = {k: real(r, 1e-12, 1e12) for k in THRESHOLDS if r.coin(0.2)}
     if th:
         data["thresholds"] = th

@@ -86,6 +86,16 @@ BAD = [
     ("model:\n  layers: 4\n  d_model: 64\n  heads: 4\n  norm: postln\n", 5, "did you mean 'post'"),
     ("model:\n  layers: 4\n  layers: 5\n  d_model: 64\n  heads: 4\n", 3, "duplicate key"),
     ("model:\n  layers: 4\n  d_model: 64\n  heads: 4\ninit:\n  q: {std: 0.02, gain: 1}\n", 6, "either std or gain"),
+    ("model:\n  layers: 4\n  d_model: 64\n  heads: 4\nlatent_attention:\n  kv_rank: 16\n  v_dim: 16\n", 5,
+     "latent_attention.nope_dim: required key missing"),
+    ("model:\n  layers: 4\n  d_model: 64\n  heads: 4\n  norm: post\nlatent_attention: {kv_rank: 16, nope_dim: 8, "
+     "rope_dim: 0, v_dim: 16}\n", 6, "behind a unit norm"),
+    ("model:\n  layers: 4\n  d_model: 64\n  heads: 4\n  norm: pre\nlatent_attention: {kv_rank: 16, nope_dim: 8, "
+     "rope_dim: 4, v_dim: 16}\n", 6, "need model.rope_theta"),
+    ("model:\n  layers: 4\n  d_model: 64\n  heads: 4\n  norm: pre\n  rope_theta: 100\nlatent_attention: {kv_rank: "
+     "16, nope_dim: 8, rope_dim: 3, v_dim: 16}\n", 7, "must be even"),
+    ("model:\n  layers: 4\n  d_model: 64\n  heads: 4\n  norm: pre\n  qk_norm: head\nlatent_attention: {kv_rank: 16, "
+     "nope_dim: 8, rope_dim: 0, v_dim: 16}\n", 6, "qk_norm is not modelled"),
     ("", 1, "empty spec"),
     ("- 1\n- 2\n", 1, "top level must be a mapping"),
 ]

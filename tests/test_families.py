@@ -24,7 +24,9 @@ def test_registry_covers_the_test_configs_and_every_rule() -> None:
         assert fam.model_type == mt == json.loads((DATA / mt / "config.json").read_text())["model_type"]
         assert set(fam.blocks) <= set(BLOCK_PATHS)
         assert fam.attn_dropout_key in ATTN_DROPOUT_KEYS
-        assert (fam.fused_qkv is None) == ({"q", "k", "v"} <= {role for _, role in fam.rules})
+        roles = {role for _, role in fam.rules}
+        roles |= {"k", "v"} if "kv-latent" in roles else set()  # DeepSeek's kv_b_proj: per head [key | value] rows
+        assert (fam.fused_qkv is None) == ({"q", "k", "v"} <= roles)
     # no rule of the snippet is left without a family that uses it
     assert {s for s, _ in RULES} == {s for fam in FAMILIES.values() for s, _ in fam.rules}
 
@@ -100,6 +102,11 @@ def test_rules_match_real_modules_of_the_right_shape(models, family: str) -> Non
     out_in = {"q": (hq, d), "k": (kv, d), "v": (kv, d), "o": (d, hq), "ff_in": (d_ff, d), "ff_out": (d, d_ff),
               "qkv": (d + 2 * kv, d), "qkv-neox": (d + 2 * kv, d)}  # [q | k | v] rows, or per K/V group
     gated = spec.activation in ("swiglu", "geglu")
+    if spec.latent:  # multi-head latent attention: the down projections to the latents, the up projections per head
+        A = spec.latent
+        out_in.update({"o": (d, spec.heads * A.v_dim), "kv-latent": (spec.heads * (A.nope_dim + A.v_dim), A.kv_rank),
+                       "q": (hq, A.q_rank or d)})
+        down = {"self_attn.q_a_proj": (A.q_rank, d), "self_attn.kv_a_proj_with_mqa": (A.kv_rank + A.rope_dim, d)}
     matrices = {n: m for n, m in model.named_modules()
                 if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2}
     moe = spec.moe
@@ -119,11 +126,14 @@ def test_rules_match_real_modules_of_the_right_shape(models, family: str) -> Non
         count = 0 if suffix == "head.dense" else count  # ModernBERT's MLM head: in the masked-LM model only
         if suffix.startswith("DenseReluDense.wi"):  # T5: wi (ReLU) or wi_0 and wi_1 (gated), one layout a model
             count *= (suffix == "DenseReluDense.wi") != gated
+        if spec.latent and suffix in ("self_attn.q_proj", "self_attn.q_a_proj"):  # q_proj: without a q latent
+            count *= (suffix == "self_attn.q_proj") == (spec.latent.q_rank is None)
         assert len(hits) == count, (suffix, hits)
         for n in hits:
             w = matrices[n].weight
             shape = tuple(w.T.shape if type(matrices[n]).__name__ == "Conv1D" else w.shape)
             want = (2 * d_ff, d) if suffix in ("mlp.gate_up_proj", "mlp.Wi") else out_in.get(role)  # fused gate, up
+            want = down[suffix] if role == "down" else want
             assert shape[1] == d_emb if role == "embedding" else shape == want, (n, shape)
     # the snippet's full rule list gives every matrix the family's role: no other family's suffix shadows one
     for n in matrices:
@@ -163,11 +173,12 @@ def test_rules_and_qkv_layout_drive_the_real_forward(models, family: str) -> Non
     # zeroing q (or k) makes every logit 0 and the attention uniform; zeroing v makes the attention output 0.
     # A fused q/k/v split that drew the wrong rows (or a rule on the wrong module) breaks one of these.
     model = models[family][2]
-    std = dict.fromkeys(("q", "k", "v", "o", "ff_in", "ff_out", "embedding"), 1.0)
+    std = dict.fromkeys(("q", "k", "v", "o", "ff_in", "ff_out", "embedding", "down"), 1.0)
     att, outs = _attention(model, family, std)
     assert not _uniform(att) and all(o.abs().max() > 0 for o in outs)
-    for zero in ("q", "k"):
-        assert _uniform(_attention(model, family, std | {zero: 0.0})[0]), zero
+    for zero in ("q", "k"):  # latent attention's rotary key comes from its down projection
+        off = {zero: 0.0, **({"down": 0.0} if zero == "k" and models[family][1].latent else {})}
+        assert _uniform(_attention(model, family, std | off)[0]), zero
     att, outs = _attention(model, family, std | {"v": 0.0})
     assert len(outs) == 2 and all(o.abs().max() == 0 for o in outs)
 

@@ -563,3 +563,63 @@ def test_t5_variants(tmp_path: Path) -> None:
         with pytest.raises(SpecError, match=match) as e:
             import_config(write(tmp_path, {**base, field: value}))
         assert e.value.key == field
+
+
+def test_deepseek_v3_mapping_and_init(tmp_path: Path) -> None:
+    """DeepSeek-V3: latent attention's widths and the MoE section field by field from the JSON, the init against the
+    real model built from the same file (every matrix, router and expert at initializer_range, kv_b_proj's key and
+    value rows alike), and yarn's mscale^2 on the logits' scale."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    c = raw("deepseek_v3")
+    spec, notes = import_config(cfg_path("deepseek_v3"))
+    A, E, r = spec.latent, spec.moe, c["initializer_range"]
+    assert (A.q_rank, A.kv_rank, A.nope_dim, A.rope_dim, A.v_dim, A.down_std) == (
+        c["q_lora_rank"], c["kv_lora_rank"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], r)
+    assert (E.experts, E.top_k, E.router, E.normalize, E.scale, E.d_ff, E.shared, E.router_std) == (
+        c["n_routed_experts"], c["num_experts_per_tok"], "sigmoid", c["norm_topk_prob"], c["routed_scaling_factor"],
+        c["moe_intermediate_size"], c["n_shared_experts"], r)
+    assert E.dense_blocks == tuple(range(1, c["first_k_dense_replace"] + 1))
+    assert (spec.norm, spec.norm_type, spec.causal, spec.activation) == ("pre", "rmsnorm", True, "swiglu")
+    assert spec.d_head == c["qk_nope_head_dim"] + c["qk_rope_head_dim"]
+    assert spec.softmax_scale == pytest.approx(spec.d_head ** -0.5, rel=1e-12)
+    assert spec.fan_in("k") == spec.fan_in("v") == A.kv_rank and spec.fan_in("o") == spec.heads * A.v_dim
+    assert "group-limited routing" in "\n".join(notes)
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(transformers.AutoConfig.from_pretrained(DATA / "deepseek_v3"))
+    for n, p in model.named_parameters():
+        if p.dim() >= 2:
+            assert p.detach().pow(2).mean().sqrt().item() == pytest.approx(r, rel=0.1), n
+    yarn = {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0,
+            "original_max_position_embeddings": 64}
+    scaled, _ = import_config(write(tmp_path, c | {"rope_parameters": yarn}))
+    assert scaled.softmax_scale == pytest.approx(spec.softmax_scale * (0.1 * math.log(40.0) + 1) ** 2, rel=1e-12)
+    real = transformers.AutoModel.from_config(transformers.AutoConfig.from_pretrained(tmp_path))
+    assert real.layers[0].self_attn.scaling == pytest.approx(scaled.softmax_scale, rel=1e-6)
+
+
+def test_latent_attention_is_its_moment_equivalent() -> None:
+    """The adapter's equivalent heads: the logits' variance for unit inputs (transcribed: scale^2 g_Q (nope g_K +
+    rope g_R), the latents normed), the value and output gains, rope_dim coordinates turned, and beta moved by the
+    softmax scale (with_beta) as a QK-norm's."""
+    from initadvisor.stack import block_params, spec_beta
+    from initadvisor.spec import build_spec
+
+    spec = build_spec({"model": {"layers": 2, "d_model": 256, "heads": 4, "norm": "pre", "causal": True,
+                                 "rope_theta": 10000.0},
+                       "latent_attention": {"q_rank": 96, "kv_rank": 64, "nope_dim": 32, "rope_dim": 16, "v_dim": 48,
+                                            "down_std": 0.05},
+                       "init": {"q": {"std": 0.03}, "k": {"std": 0.04}, "v": {"std": 0.06}, "o": {"std": 0.07}},
+                       "sequence": {"length": 128}})
+    g_q, g_k, g_r = 0.03 ** 2 * 96, 0.04 ** 2 * 64, 0.05 ** 2 * 256
+    V = spec.softmax_scale ** 2 * g_q * (32 * g_k + 16 * g_r)
+    assert spec.softmax_scale == pytest.approx(48 ** -0.5)
+    assert spec_beta(spec) == pytest.approx(math.sqrt(V / math.log(128)), rel=1e-12)
+    P = block_params(spec)
+    assert (P.g_v, P.g_o) == (pytest.approx(0.06 ** 2 * 64), pytest.approx(0.07 ** 2 * 4 * 48))
+    assert P.init["o"][0] ** 2 * 4 * P.head_dim == pytest.approx(P.g_o)  # the network's gains are the moments'
+    assert P.init["v"][0] ** 2 * 256 == pytest.approx(P.g_v)
+    assert P.init["q"][0] ** 2 * 256 * P.init["k"][0] ** 2 * 256 * P.softmax_scale ** 2 * P.head_dim == pytest.approx(V)
+    share = 16 * g_r / (32 * g_k + 16 * g_r)
+    assert round(P.head_dim * P.rope_fraction) == 16 and P.rope_fraction == pytest.approx(share, abs=0.5 / P.head_dim)
+    assert spec_beta(spec.with_beta(0.3)) == pytest.approx(0.3, rel=1e-12)

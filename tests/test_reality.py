@@ -114,13 +114,22 @@ def _config(family: str):
     if family == "t5_v1_1":  # T5 v1.1 / Flan-T5: gated GeLU (d_ff 8 d / 3), heads of 2 d / heads
         return t.T5Config(vocab_size=VOCAB, d_model=D, num_layers=L, num_heads=HEADS, d_kv=2 * D // HEADS,
                           d_ff=8 * D // 3, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+    if family == "deepseek_v3":  # latent attention (q latent 0.25 d, kv latent 0.125 d, nope / rope / v per head as
+        # DeepSeek-V3's 2 : 1 : 2), top 4 of 16 experts in 4 groups (best 2), sigmoid router, renormalised times 2.5,
+        # one shared expert, block 1 dense
+        return t.DeepseekV3Config(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
+                                  num_key_value_heads=HEADS,
+                                  q_lora_rank=D // 4, kv_lora_rank=D // 8, qk_nope_head_dim=64, qk_rope_head_dim=32,
+                                  v_head_dim=64, intermediate_size=656, moe_intermediate_size=64, n_routed_experts=16,
+                                  num_experts_per_tok=4, n_group=4, topk_group=2, first_k_dense_replace=1,
+                                  max_position_embeddings=T, bos_token_id=0, eos_token_id=0)
     raise KeyError(family)
 
 
 GRAD_FAMILY = 0.25  # the gradient ratio of every family but BERT, GPT-2 (GRAD_REL) and OLMo 2 (the known gap)
 FAMILIES = ("bert", "gpt2", "gpt_neox", "llama", "qwen3", "olmo2", "phi3", "gemma2", "gemma3_text", "mixtral",
             "qwen3_moe", "opt", "opt_post_ln", "falcon", "falcon_40b", "mistral_window", "gemma2_window",
-            "gemma3_window", "modernbert", "t5", "t5_v1_1")
+            "gemma3_window", "modernbert", "t5", "t5_v1_1", "deepseek_v3")
 _CACHE: dict[str, dict] = {}
 
 
@@ -369,6 +378,13 @@ def test_t5_encoder(result, family):
     """T5's own init (q at (d d_kv)^-1/2, k and v at d^-1/2, embeddings N(0, 1)), unscaled logits, and dropout on the
     MLP's hidden units as well as on each branch (the spec's mlp_dropout)."""
     _assert_q_rho(result(family), late=False)
+
+
+def test_deepseek_v3_latent_attention(result):
+    """Multi-head latent attention (the latents' norms: value and query/key gains set by the up projections alone, a
+    rotary key from h shared by the heads) and DeepSeek's mixture of experts (sigmoid router, top 4 of 16 in the best 2
+    of 4 groups, renormalised times 2.5, a shared expert, block 1 dense)."""
+    _assert_q_rho(result("deepseek_v3"))
 
 
 def test_mixtral_experts(result):

@@ -92,6 +92,23 @@ def test_gate_does_not_widen_the_tolerance_by_the_noise():
     assert edge["verdict"] == "inconclusive" and z_crit(8) == pytest.approx(2.3646, abs=1e-3)
 
 
+def test_tiny_measured_gradients_give_a_finite_relative_error():
+    """A measured gradient of 1e-170 (fuzz seed 21: its square underflowed to 0 in the delta method's SE and verify
+    raised ZeroDivisionError): the error and its SE stay finite or say what they are, and the summary prints a
+    9.6e+190% error in a few characters."""
+    from initadvisor.numbers import show
+    from initadvisor.verification import compare
+
+    spec = parse_spec(SMALL % ("post", "false"))
+    tr = _Trace(spec.layers)
+    m = _measured(tr, 3)
+    m["grad_q_norm"] = np.full(len(tr.q), 1e-170)
+    rep = compare(spec, tr, m)
+    row = rep["layers"][0]["grad_q"]
+    assert rep["verdict"] == "fail" and row["error"] > 1e100 and not row["ok"]
+    assert len(show(9.6e188, ".1%")) < 12 and show(0.123, ".1%") == "12.3%"
+
+
 def test_pool_seeds_takes_the_seed_as_the_unit():
     """Means as over all sequences; standard errors over seeds: two identical sequences per seed add nothing."""
     from initadvisor.simulate import mean_se, ratio_se

@@ -224,11 +224,19 @@ def _parts(model: nn.Module, prefix: str | None, heads: int | None) -> list[_Par
                 role = next((r for suffix, r in ROLES if name.endswith(suffix)), role)
             if role == "norm" and pname == "weight" and p.dim() == 1:
                 out.append(_Part(name, "norm", "gain", block, module, *_gain(module, w)))
+            elif kind == "weight" and role == "kv-latent" and hasattr(_parent(model, mname), "qk_nope_head_dim"):
+                nope, view = _parent(model, mname).qk_nope_head_dim, w.view(heads or 1, -1, w.shape[1])
+                out += [_Part(f"{name}[k]", "k", kind, block, module, view[:, :nope]),
+                        _Part(f"{name}[v]", "v", kind, block, module, view[:, nope:])]
             elif kind == "weight" and role in ("qkv", "qkv-neox"):
                 out += [_Part(f"{name}[{r}]", r, kind, block, module, x) for r, x in _split(module, w, role, heads)]
             else:
                 out.append(_Part(name, "other" if kind == "param" else role, kind, block, module, w))
     return out
+
+
+def _parent(model: nn.Module, mname: str) -> nn.Module | None:
+    return dict(model.named_modules()).get(mname.rpartition(".")[0])
 
 
 def _split(module: nn.Module, w: torch.Tensor, role: str, heads: int | None) -> list[tuple[str, torch.Tensor]]:
@@ -369,6 +377,8 @@ def _intended(p: _Part, intent: _Intent) -> float | None:
     if p.kind not in ("weight", "bias"):
         return None
     matrix = MATRIX_OF.get(p.role, p.role)
+    if p.role == "down" and intent.spec is not None and intent.spec.latent:  # latent attention's down projections
+        return intent.spec.latent.down_std if p.kind == "weight" else 0.0
     if intent.spec is not None and (matrix in intent.spec.init or matrix == "head"):
         i = intent.spec.head_init if matrix == "head" else intent.spec.init[matrix]
         return i.std if p.kind == "weight" else i.bias_std

@@ -600,6 +600,69 @@ def _gemma(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     }
 
 
+def _deepseek_v3(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
+    """DeepSeek-V3: Llama's pre-norm block with multi-head latent attention (the `latent_attention` section; the
+    logits scaled by qk_head_dim^-1/2 times yarn's mscale^2 where rope_parameters set mscale_all_dim) and, from block
+    first_k_dense_replace + 1 on, a mixture of experts: sigmoid router, top-k renormalised (norm_topk_prob) times
+    routed_scaling_factor, n_shared_experts always on; every matrix and the router at initializer_range."""
+    g = cfg.get
+    layers, d, heads, d_ff = _shape(cfg)
+    act = _activation(cfg, "hidden_act", "silu", True, notes)
+    length = _seq(cfg, "max_position_embeddings")
+    vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
+    nope = g("qk_nope_head_dim", "posint", 128, spec_key="latent_attention.nope_dim")
+    rope = g("qk_rope_head_dim", "posint", 64, spec_key="latent_attention.rope_dim")
+    latent = {"q_rank": g("q_lora_rank", "posint", None, spec_key="latent_attention.q_rank"),
+              "kv_rank": g("kv_lora_rank", "posint", 512, spec_key="latent_attention.kv_rank"),
+              "nope_dim": nope, "rope_dim": rope, "v_dim": g("v_head_dim", "posint", 128, spec_key="latent_attention.v_dim")}
+    for k in ("num_key_value_heads", "head_dim", "qk_head_dim", "rope_interleave", "attention_bias"):
+        g(k, "any", None)  # MLA's keys and values are per head; interleaved pairs turn like halves; biases start at 0
+    rotary = _rotary(cfg, notes)
+    if rope % 2:
+        raise cfg.error(f"qk_rope_head_dim must be even, got {rope}", "qk_rope_head_dim")
+    rotary["rotary_fraction"] = 1.0  # the rotary key is rope_dim wide: latent_attention says which coordinates turn
+    scale = (nope + rope) ** -0.5
+    rp = cfg.raw.get("rope_parameters") if isinstance(cfg.raw.get("rope_parameters"), dict) else {}
+    rp = rp or (cfg.raw.get("rope_scaling") if isinstance(cfg.raw.get("rope_scaling"), dict) else {})
+    if rp.get("rope_type", rp.get("type", "default")) != "default" and rp.get("mscale_all_dim"):
+        factor = rp.get("factor")
+        if isinstance(factor, (int, float)) and not isinstance(factor, bool) and math.isfinite(factor) and factor > 1:
+            mscale = 0.1 * float(rp["mscale_all_dim"]) * math.log(factor) + 1.0  # yarn_get_mscale
+            scale *= mscale * mscale
+            notes.append(f"yarn: the logits' scale times mscale^2 = {mscale * mscale:.4g} (factor {factor:g}, "
+                         f"mscale_all_dim {rp['mscale_all_dim']:g})")
+    std = _init_std(cfg, notes)
+    experts = g("n_routed_experts", "posint", 256, spec_key="moe.experts", aliases=("num_local_experts",))
+    top_k = g("num_experts_per_tok", "posint", 8, spec_key="moe.top_k")
+    groups, top_groups = g("n_group", "posint", 8), g("topk_group", "posint", 4)
+    if groups > 1 and top_groups < groups:
+        notes.append(f"group-limited routing (top_k {top_k} within the best {top_groups} of {groups} expert groups) is "
+                     "modelled as top-k over all experts (the router's scores are i.i.d. at init)")
+    first_dense = g("first_k_dense_replace", "any", 3)
+    first_dense = first_dense if isinstance(first_dense, int) and not isinstance(first_dense, bool) else 3
+    moe = {"experts": experts, "top_k": top_k, "router": "sigmoid",
+           "normalize": g("norm_topk_prob", "bool", True, spec_key="moe.normalize"),
+           "scale": g("routed_scaling_factor", "float", 2.5, spec_key="moe.scale"),
+           "d_ff": g("moe_intermediate_size", "posint", 2048, spec_key="moe.d_ff"),
+           "shared_experts": g("n_shared_experts", "any", 1), "dense_blocks": list(range(1, min(first_dense, layers) + 1)),
+           "router_std": std}
+    if not (isinstance(moe["shared_experts"], int) and not isinstance(moe["shared_experts"], bool)
+            and moe["shared_experts"] >= 0):
+        raise cfg.error("expected a whole number >= 0", "n_shared_experts")
+    head = _head(cfg, False, True, False)  # the final RMSNorm, then lm_head
+    model = {**_decoder(layers, d, heads, heads, d_ff, act, "rmsnorm", False, _attention_scale(nope + rope, scale),
+                        head), **rotary, "norm_eps": _eps(cfg, "rms_norm_eps", 1e-6)}
+    return {
+        "model": model,
+        "latent_attention": {**latent, "down_std": std},
+        **({"moe": moe} if first_dense < layers else {}),
+        "sequence": {"length": length, "vocab": vocab, "embeddings": ["token"]},
+        "dropout": 0.0,
+        "attention_dropout": g(fam.attn_dropout_key, "prob", 0.0, spec_key="attention_dropout"),
+        "init": _init(std, head["tie_embeddings"]),
+    }
+
+
 def _moe(cfg: _Config, mt: str, layers: int, std: float, notes: list[str]) -> dict[str, Any] | None:
     """The `moe` section: Mixtral (every layer; top-k softmax renormalised, experts intermediate_size wide) and
     Qwen3-MoE (every decoder_sparse_step-th layer but mlp_only_layers; norm_topk_prob, experts
@@ -718,6 +781,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            _rules("SelfAttention.q", "SelfAttention.k", "SelfAttention.v", "SelfAttention.o", "DenseReluDense.wi",
                   "DenseReluDense.wi_0", "DenseReluDense.wi_1", "DenseReluDense.wo", "shared", "embed_tokens"),
            "dropout_rate", "T5EncoderModel"),
+    Family("deepseek_v3", _deepseek_v3, ("layers", "model.layers"),
+           _rules("self_attn.q_b_proj", "self_attn.kv_b_proj", "self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa",
+                  "self_attn.q_proj", "self_attn.o_proj", "embed_tokens", "mlp.gate_proj", "mlp.up_proj",
+                  "mlp.down_proj", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"), "attention_dropout"),
     Family("gemma2", _gemma, ("layers", "model.layers"), _LLAMA_RULES, "attention_dropout"),
     Family("gemma3_text", _gemma, ("layers", "model.layers"), _LLAMA_RULES, "attention_dropout"),
 )}

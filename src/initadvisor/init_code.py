@@ -33,6 +33,8 @@ _RULES_TEXT = """[
     ("SelfAttention.q", "q"), ("SelfAttention.k", "k"), ("SelfAttention.v", "v"), ("SelfAttention.o", "o"),
     ("DenseReluDense.wi", "ff_in"), ("DenseReluDense.wi_0", "ff_in"), ("DenseReluDense.wi_1", "ff_in"),
     ("DenseReluDense.wo", "ff_out"), ("shared", "embedding"),
+    ("self_attn.q_b_proj", "q"), ("self_attn.kv_b_proj", "kv-latent"), ("self_attn.q_a_proj", "down"),
+    ("self_attn.kv_a_proj_with_mqa", "down"),
 ]"""
 RULES: list[tuple[str, str]] = ast.literal_eval(_RULES_TEXT)
 
@@ -58,6 +60,11 @@ def init_matrices(model, std, bias_std, rules, heads):
                 parts = w.split([d, (w.shape[dim] - d) // 2, (w.shape[dim] - d) // 2], dim=dim)
                 for part, r in zip(parts, "qkv"):
                     part.normal_(0.0, std[r])
+            elif role == "kv-latent":  # DeepSeek's kv_b_proj: rows per head [key (qk_nope_head_dim) | value]
+                nope = dict(model.named_modules())[name.rpartition(".")[0]].qk_nope_head_dim
+                view = w.view(heads, w.shape[0] // heads, w.shape[1])
+                view[:, :nope].normal_(0.0, std["k"])
+                view[:, nope:].normal_(0.0, std["v"])
             elif role == "qkv-neox":  # rows per K/V group: (group, [q x heads/groups, k, v], head_dim); GPT-NeoX:
                 hd = w.shape[1] // heads  # a group per head; Falcon: one group (multi-query) or num_kv_heads
                 groups = (w.shape[0] // hd - heads) // 2
@@ -94,6 +101,8 @@ def numbers(spec) -> tuple[dict[str, float], dict[str, float], int]:
     """The snippet's numbers: per-matrix std, per-matrix bias std (6 significant digits) and the head count."""
     std = {m: float(f"{i.std:.6g}") for m, i in spec.init.items()}
     bias = {m: float(f"{i.bias_std:.6g}") for m, i in spec.init.items()}
+    if spec.latent:  # latent attention's down projections (q_a_proj, kv_a_proj_with_mqa)
+        std["down"], bias["down"] = float(f"{spec.latent.down_std:.6g}"), 0.0
     return std, bias, spec.heads
 
 
@@ -111,7 +120,9 @@ def residual_instructions(spec) -> list[str]:
     a, m = spec.res_attention, spec.res_mlp
     qk = [f"QK-norm: attention logits = {spec.softmax_scale:.6g} * sum over the d_model / heads = {spec.d_head} "
           "coordinates of q_i k_i (softmax_scale: the Q/K stds do not set beta under a QK-norm)"
-          ] if spec.qk_norm != "none" else []
+          ] if spec.qk_norm != "none" else [
+          f"latent attention: attention logits = {spec.softmax_scale:.6g} * q . k (softmax_scale: its latents' norms "
+          "leave the up projections' stds and the scale to set beta)"] if spec.latent else []
     depth = spec.layers ** -spec.depth_alpha  # depth-muP / CompleteP branch multiplier
     lns = ["LayerNorm-Scaling: the norm before each branch of block l (from 1) times 1 / sqrt(l)"
            ] if spec.layernorm_scaling else []

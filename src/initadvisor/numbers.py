@@ -34,6 +34,8 @@ def show(x: float | None, spec: str = ".3g", positive: bool = False) -> str:
         return "n/a"
     why = status(float(x), positive)
     if why is None:
+        if spec.endswith("%") and abs(float(x)) >= 1e3:  # '.1%' of 1e199 prints 200 digits
+            return format(100.0 * float(x), ".3g") + "%"
         return format(float(x), spec)
     return {"overflows": "> 10^200", "underflows": "< 10^-200"}.get(why, "undefined")
 

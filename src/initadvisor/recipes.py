@@ -135,7 +135,8 @@ def recipe_critical(spec: Spec, beta: float, alpha: float | None) -> Recipe:
                       undefined=f"beta_c {status(beta_c_floor(beta), positive=True)}: the forward stream leaves "
                                 "the engine's range first (fix the forward variance, IA103)")
     s = replace(spec.with_beta(beta), res_attention=Residual(skip, spec.res_attention.block))
-    knob = "softmax scale (QK-norm)" if spec.qk_norm != "none" else "Q/K std"
+    knob = "softmax scale (QK-norm)" if spec.qk_norm != "none" else \
+        "softmax scale (latent attention)" if spec.latent else "Q/K std"
     return Recipe("critical", f"{knob} for beta = {beta:.3g} (< beta_c/2); attention skip "
                   f"{skip:.3f} (the given one if above alpha_c, else {ALPHA_MARGIN} alpha_c)", source, s)
 
@@ -256,7 +257,7 @@ def recommend(spec: Spec, rho_max: float = 0.99, k: float = 2.0, alpha_mlp: bool
     first = analyse(spec, given.stack())
     beta, bc = beta_recommendation(spec, first.trace)
     defined = not status(beta, positive=True)
-    qk_std = spec.qk_std_for_beta(beta) if defined and spec.qk_norm == "none" else None
+    qk_std = spec.qk_std_for_beta(beta) if defined and spec.qk_norm == "none" and not spec.latent else None
     a_c, a_how = alpha_c(spec.with_beta(beta) if defined else spec, rho_max)
     a_m, a_m_how = alpha_c(spec, rho_max, "skip_m") if alpha_mlp else (None, "not requested (--alpha-mlp)")
     ds, dss = dslm(spec, k), dslm(spec, k, simplified=True)

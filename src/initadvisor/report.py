@@ -97,6 +97,7 @@ def render_recommend(rep: dict, console) -> None:
         f"[bold]beta[/] now {show(rep['beta'], '.4g')}; beta_c {show(rep['beta_c'], '.4g')} (binding at block "
         f"{rep['binding_layer']}); recommended beta {show(rep['beta_recommended'], '.4g')} = {rep['beta_margin']} x "
         "beta_c/2 -> " + ("the critical recipe's softmax scale (QK-norm)" if spec["model"]["qk_norm"] != "none"
+                          else "the critical recipe's softmax scale (latent attention)" if "latent_attention" in spec
                           else f"Q/K std [bold]{show(rep['qk_std'], '.4g')}[/]"),
         f"[bold]alpha_c[/] (attention skip, rho < {rep['rho_max']}): "
         + (f"{a:.4g}  [dim]{rep['alpha_c_how']}[/]" if a is not None else f"none: {rep['alpha_c_how']}"),

@@ -223,7 +223,8 @@ WIDTH_BLIND_GAIN = 2.0  # sqrt(g_Q g_K) above this (std^2 d per matrix): a std t
 def width_blind_qk(spec, a) -> list[Finding]:
     """Q/K stds that do not shrink with the width: the logits' std for unit inputs, s_Q s_K d x scale sqrt(d_head),
     grows with d, and the attention leaves its uniform phase."""
-    if spec.qk_norm != "none" or spec.qk_beta is not None:  # beta set on purpose (init.qk_beta)
+    if spec.qk_norm != "none" or spec.qk_beta is not None or spec.latent:  # beta set on purpose (init.qk_beta);
+        # latent attention's queries and keys read normed latents, not h
         return []
     sq, sk, d = spec.init["q"].std, spec.init["k"].std, spec.d_model
     gain = sq * sk * d

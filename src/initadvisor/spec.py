@@ -25,7 +25,9 @@ ROUTERS = ("softmax", "sigmoid")  # a mixture of experts' router (initadvisor.co
 MAX_NODES = 20_000  # YAML nodes visited at most: a spec is small, an alias bomb is not
 MAX_BYTES = 1 << 20  # a spec file is a few hundred bytes; refuse anything over 1 MiB before parsing it
 VERSION = 1  # the spec format version this initadvisor reads and writes (the top-level `version` key)
-MAX_INT = {"model.layers": 100_000, "model.d_model": 1_000_000, "model.heads": 1_000_000, "model.head_dim": 1_000_000,
+MAX_INT = {"latent_attention.q_rank": 1_000_000, "latent_attention.kv_rank": 1_000_000,
+           "latent_attention.nope_dim": 100_000, "latent_attention.rope_dim": 100_000, "latent_attention.v_dim": 100_000,
+           "model.layers": 100_000, "model.d_model": 1_000_000, "model.heads": 1_000_000, "model.head_dim": 1_000_000,
            "model.kv_heads": 1_000_000, "model.d_ff": 10_000_000, "sequence.length": 10_000_000,
            "moe.experts": 4096, "moe.top_k": 4096, "moe.d_ff": 10_000_000, "moe.shared_experts": 4096}
 
@@ -55,6 +57,21 @@ class Experts:
     shared: int = 0  # always-on experts of width d_ff, added unweighted
     dense_blocks: tuple[int, ...] = ()  # blocks (from 1) with the dense MLP of model.d_ff instead
     router_std: float = 0.02
+
+
+@dataclass(frozen=True)
+class Latent:
+    """Multi-head latent attention (DeepSeek-V2/V3, the `latent_attention` section): queries from a q_rank-wide
+    latent (q_a_proj, RMSNorm, q_b_proj = init.q; none: init.q straight from h), keys' nope_dim and values' v_dim
+    coordinates per head from one kv_rank-wide latent (kv_a_proj, RMSNorm, kv_b_proj = init.k and init.v), a
+    rope_dim-wide rotary key from h (kv_a_proj's extra rows, std down_std), shared by the heads; o = init.o."""
+
+    kv_rank: int
+    nope_dim: int
+    rope_dim: int
+    v_dim: int
+    q_rank: int | None = None
+    down_std: float = 0.02  # the down projections' std: it sets the rotary key (the latents are normed)
 
 
 @dataclass(frozen=True)
@@ -102,6 +119,7 @@ class Spec:
     mlp_dropout: float = 0.0  # dropout on the MLP's hidden units (T5), besides `dropout` on the branch's output
     head_dim: int | None = None  # each head's width when heads * head_dim != d_model (Qwen3, Gemma); None: d / heads
     moe: Experts | None = None  # mixture-of-experts MLPs; None: dense
+    latent: Latent | None = None  # multi-head latent attention; None: standard
     depth_alpha: float = 0.0  # every branch times layers^-depth_alpha (depth-muP 1/2, CompleteP 1)
     layernorm_scaling: bool = False  # the norm before each branch of block l times 1 / sqrt(l) (Sun et al. 2025)
     rope_theta: float | None = None  # rotary position embedding's base; None: no rotary embedding
@@ -114,10 +132,17 @@ class Spec:
 
     @property
     def d_head(self) -> int:
+        """Each head's query/key width."""
+        if self.latent:
+            return self.latent.nope_dim + self.latent.rope_dim
         return self.head_dim or self.d_model // self.heads
 
     def fan_in(self, matrix: str) -> int:
-        return {"ff_out": self.d_ff, "embedding": 1, "o": self.heads * self.d_head}.get(matrix, self.d_model)
+        fans = {"ff_out": self.d_ff, "embedding": 1, "o": self.heads * self.d_head}
+        if self.latent:  # the up projections read the latents; o the heads' values
+            A = self.latent
+            fans.update(q=A.q_rank or self.d_model, k=A.kv_rank, v=A.kv_rank, o=self.heads * A.v_dim)
+        return fans.get(matrix, self.d_model)
 
     def gain(self, matrix: str) -> float:
         """std^2 x fan-in: the factor a matrix multiplies a per-coordinate second moment by."""
@@ -145,6 +170,10 @@ class Spec:
         logits' scale whatever the Q/K stds)."""
         if self.qk_norm != "none":
             return replace(self, softmax_scale=self.scale_for_beta(beta))
+        if self.latent:  # the logits are linear in the softmax scale (the latents are normed)
+            from initadvisor.stack import spec_beta
+
+            return replace(self, softmax_scale=self.softmax_scale * beta / spec_beta(self))
         std = self.qk_std_for_beta(beta)
         init = {**self.init, "q": replace(self.init["q"], std=std), "k": replace(self.init["k"], std=std)}
         return replace(self, init=init, qk_beta=None)
@@ -215,6 +244,9 @@ class Spec:
                 "normalize": self.moe.normalize, "scale": self.moe.scale, "d_ff": self.moe.d_ff,
                 "shared_experts": self.moe.shared, "dense_blocks": list(self.moe.dense_blocks),
                 "router_std": self.moe.router_std}}),
+            **({} if self.latent is None else {"latent_attention": {
+                "q_rank": self.latent.q_rank, "kv_rank": self.latent.kv_rank, "nope_dim": self.latent.nope_dim,
+                "rope_dim": self.latent.rope_dim, "v_dim": self.latent.v_dim, "down_std": self.latent.down_std}}),
         }
 
 
@@ -257,6 +289,8 @@ SCHEMA: dict[str, Any] = {
     "thresholds": {k: "threshold" for k in THRESHOLDS},
     "moe": {"experts": "posint", "top_k": "posint", "router": ROUTERS, "normalize": "bool", "scale": "pos",
             "d_ff": "posint?", "shared_experts": "count", "dense_blocks": "blocks", "router_std": "pos?"},
+    "latent_attention": {"q_rank": "posint?", "kv_rank": "posint", "nope_dim": "posint", "rope_dim": "count",
+                         "v_dim": "posint", "down_std": "pos?"},
     "select": "codes",
     "ignore": "codes",
 }
@@ -503,9 +537,22 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
     if head_dim is not None and heads * head_dim != d and not m.get("out_proj", True):
         raise _fail(f"heads * head_dim = {heads * head_dim} != d_model ({d}) needs the output projection "
                     "(model.out_proj: true) to map the heads back to d_model", "model.head_dim", lines, fname)
-    scale = 1.0 / math.sqrt(head_dim or d // heads) if scale is None else float(scale)
-    fan = {"ff_out": d_ff, "embedding": 1, "o": heads * (head_dim or d // heads)}
     default_std = float(ini.get("std", 0.02))
+    lat = data.get("latent_attention")
+    if lat is not None:
+        for key in ("kv_rank", "nope_dim", "v_dim"):
+            if key not in lat:
+                raise _fail("required key missing", f"latent_attention.{key}", lines, fname)
+        if head_dim is not None:
+            raise _fail("latent attention sets each head's widths (latent_attention.nope_dim, rope_dim, v_dim)",
+                        "model.head_dim", lines, fname)
+        lat = Latent(kv_rank=lat["kv_rank"], nope_dim=lat["nope_dim"], rope_dim=lat.get("rope_dim", 0),
+                     v_dim=lat["v_dim"], q_rank=lat.get("q_rank"), down_std=float(lat.get("down_std") or default_std))
+    qk_width = lat.nope_dim + lat.rope_dim if lat else head_dim or d // heads
+    scale = 1.0 / math.sqrt(qk_width) if scale is None else float(scale)
+    fan = {"ff_out": d_ff, "embedding": 1, "o": heads * (head_dim or d // heads)}
+    if lat:
+        fan.update(q=lat.q_rank or d, k=lat.kv_rank, v=lat.kv_rank, o=heads * lat.v_dim)
 
     def matrix(mat: str) -> MatrixInit:
         e = ini.get(mat, {})
@@ -564,6 +611,7 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
         logit_softcap=None if m.get("logit_softcap") is None else float(m["logit_softcap"]),
         head=None if tied else matrix("head"), qk_norm=m.get("qk_norm", "none"), head_dim=head_dim,
         norm_eps=float(m.get("norm_eps", 0.0)), embedding_scale=float(m.get("embedding_scale", 1.0)), moe=moe,
+        latent=lat,
         depth_alpha=float(data.get("residual", {}).get("depth_alpha", 0.0)),
         layernorm_scaling=m.get("layernorm_scaling", False),
         rope_theta=None if m.get("rope_theta") is None else float(m["rope_theta"]),
@@ -618,6 +666,20 @@ def _check_consistency(spec: Spec) -> None:
         raise SpecError("skip and block cannot both be 0", key="residual.attention")
     if spec.res_mlp.skip == 0 and spec.res_mlp.block == 0:
         raise SpecError("skip and block cannot both be 0", key="residual.mlp")
+    if spec.latent and (spec.norm not in ("pre", "sandwich") or spec.layernorm_scaling):
+        raise SpecError("latent attention is modelled behind a unit norm (model.norm: pre or sandwich, without "
+                        "layernorm_scaling): its latents' norms then change nothing but the gains", key="latent_attention")
+    if spec.latent and spec.qk_norm != "none":
+        raise SpecError("latent attention normalises its latents, not the queries and keys: qk_norm is not modelled "
+                        "with it", key="model.qk_norm")
+    if spec.latent and not spec.out_proj and spec.heads * spec.latent.v_dim != spec.d_model:
+        raise SpecError(f"heads * v_dim = {spec.heads * spec.latent.v_dim} != d_model ({spec.d_model}) needs the "
+                        "output projection (model.out_proj: true)", key="latent_attention.v_dim")
+    if spec.latent and spec.latent.rope_dim % 2:
+        raise SpecError(f"must be even (pairs of coordinates turn), got {spec.latent.rope_dim}",
+                        key="latent_attention.rope_dim")
+    if spec.latent and spec.latent.rope_dim and spec.rope_theta is None:
+        raise SpecError("rotary key coordinates need model.rope_theta", key="latent_attention.rope_dim")
     if spec.qk_norm != "none" and spec.qk_beta is not None:
         raise SpecError("sets the Q/K stds for a beta, but model.qk_norm normalises queries and keys: their scale, "
                         "and beta, follow from model.softmax_scale", key="init.qk_beta")

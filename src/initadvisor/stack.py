@@ -14,9 +14,21 @@ from initadvisor.core.model import Stack, Trace, propagate, propagate_causal
 from initadvisor.core.ops import BlockParams, Embeddings
 
 
+def latent_logits(spec) -> tuple[float, float]:
+    """Multi-head latent attention's logits for unit inputs: (variance, the rotary key's share of it). Per head,
+    scale^2 g_Q (nope g_K + rope g_R): the latents are normed (unit second moment), so the up projections' gains
+    g_Q = std_Q^2 q_rank and g_K = std_K^2 kv_rank act alone; the rotary key reads h, g_R = down_std^2 d."""
+    A = spec.latent
+    g_q, g_k, g_r = spec.gain("q"), spec.gain("k"), A.down_std ** 2 * spec.d_model
+    nope, rope = A.nope_dim * g_k, A.rope_dim * g_r
+    return spec.softmax_scale ** 2 * g_q * (nope + rope), rope / (nope + rope)
+
+
 def spec_beta(spec) -> float:
     """Giorlandino-Goldt beta of the spec: score std for unit inputs over sqrt(ln T) (THEORY.md 'Units'); under a
     QK-norm the queries and keys have unit per-coordinate variance whatever the Q/K stds."""
+    if spec.latent:
+        return math.sqrt(latent_logits(spec)[0] / math.log(spec.seq_len))
     sigma_a = spec.softmax_scale * math.sqrt(spec.d_head)
     if spec.qk_norm == "none":
         sigma_a *= spec.init["q"].std * spec.init["k"].std * spec.d_model
@@ -34,7 +46,7 @@ def block_params(spec, moe: bool = False) -> BlockParams:
                        route_scale=E.scale, shared_experts=E.shared, g_r=E.router_std**2 * spec.d_model,
                        init={**P.init, "router": (E.router_std, 0.0)})
     sq = init["q"].std
-    return BlockParams(
+    P = BlockParams(
         beta=spec_beta(spec), seq_len=float(spec.seq_len),
         g_v=gain("v"), g_o=gain("o") if spec.out_proj else 1.0,
         g_1=gain("ff_in"), g_1b=init["ff_in"].std ** 2 * spec.d_ff,
@@ -53,6 +65,25 @@ def block_params(spec, moe: bool = False) -> BlockParams:
         kv_heads=spec.kv_heads, d_ff=spec.d_ff, softmax_scale=spec.softmax_scale, out_proj=spec.out_proj,
         init={m: (init[m].std, init[m].bias_std) for m in ("q", "k", "v", "o", "ff_in", "ff_out")},
     )
+    return _latent_equivalent(spec, P) if spec.latent else P
+
+
+def _latent_equivalent(spec, P: BlockParams) -> BlockParams:
+    """Multi-head latent attention as the multi-head attention with the same moments behind a unit norm (the spec
+    requires one): the latents' norms make the value path a map of gain g_V = std_V^2 kv_rank and the logits those
+    of latent_logits. Equivalent heads of D coordinates, rope_dim of them turned, D = rope_dim / (the rotary key's
+    share of the logits' variance) (rope_coherence weighs the turned coordinates by their count), queries and keys
+    of gain sqrt(V) each at scale 1 / sqrt(D), the output projection's std rescaled so that its gain std_O^2 H v_dim
+    stays; the numpy and PyTorch networks are this equivalent too."""
+    A, d, H = spec.latent, spec.d_model, spec.heads
+    V, share = latent_logits(spec)
+    D = max(A.rope_dim, round(A.rope_dim / share)) if A.rope_dim and share > 0 else A.nope_dim
+    s_qk, s_v = math.sqrt(math.sqrt(V) / d), math.sqrt(spec.gain("v") / d)
+    s_o = spec.init["o"].std * math.sqrt(A.v_dim / D)
+    init = {**P.init, "q": (s_qk, 0.0), "k": (s_qk, 0.0), "v": (s_v, 0.0), "o": (s_o, P.init["o"][1])}
+    return replace(P, head_dim=D, kv_heads=H, softmax_scale=D ** -0.5, g_q=math.sqrt(V), g_k=math.sqrt(V),
+                   b_v2=0.0, q_bias=0.0, rope_fraction=A.rope_dim / D if A.rope_dim else 1.0,
+                   rope_theta=P.rope_theta if A.rope_dim else 0.0, init=init)
 
 
 def embeddings(spec) -> Embeddings:

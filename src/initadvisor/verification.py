@@ -138,7 +138,7 @@ def compare(spec, trace: Trace, m, tol: float = 0.05, rtol: float = 0.15, theory
                 err, err_se, allow = t - v, se, tol
             else:  # relative error t / v - 1: its SE by the delta method, |t| se / v^2
                 err = (t - v) / v if v else np.inf
-                err_se, allow = (abs(t) * se / (v * v) if v else np.inf), rtol
+                err_se, allow = (abs(t) / abs(v) * se / abs(v) if v else np.inf), rtol  # v * v underflows at 1e-170
             z = 0.0 if err == 0 else err / err_se if err_se > 0 else np.inf if err_se == 0 else np.nan
             status = _judge(err, err_se, allow, Z)
             row[key] = {"theory": _f(t), "measured": _f(v), "se": _f(se), "error": _f(err), "ok": status == "pass",
