@@ -193,6 +193,10 @@ def valid_spec(r, max_layers: int = 2000, small: bool = False) -> dict:
         opt(lat, "down_std", lambda: None if r.coin(0.2) else real(r, 1e-8, 999999.0, (0.005, 0.2)))
         if model.get("out_proj", True) or heads * lat["v_dim"] == d:
             data["latent_attention"] = lat
+    if r.coin(0.1) and model.get("causal") and not (model.get("sliding_window") or model.get("rope_theta")
+                                                     or "latent_attention" in data
+                                                     or model.get("attention") == "centered"):
+        model["alibi"] = True
     th = {k: real(r, 1e-12, 1e12) for k in THRESHOLDS if r.coin(0.2)}
     if th:
         data["thresholds"] = th

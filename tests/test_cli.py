@@ -96,6 +96,9 @@ BAD = [
      "16, nope_dim: 8, rope_dim: 3, v_dim: 16}\n", 7, "must be even"),
     ("model:\n  layers: 4\n  d_model: 64\n  heads: 4\n  norm: pre\n  qk_norm: head\nlatent_attention: {kv_rank: 16, "
      "nope_dim: 8, rope_dim: 0, v_dim: 16}\n", 6, "qk_norm is not modelled"),
+    ("model:\n  layers: 4\n  d_model: 64\n  heads: 4\n  alibi: true\n", 5, "modelled for causal attention"),
+    ("model:\n  layers: 4\n  d_model: 64\n  heads: 4\n  causal: true\n  alibi: true\n  sliding_window: 8\n", 6,
+     "ALiBi together with a sliding window"),
     ("", 1, "empty spec"),
     ("- 1\n- 2\n", 1, "top level must be a mapping"),
 ]

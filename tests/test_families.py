@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from initadvisor.families import ATTN_DROPOUT_KEYS, BLOCK_PATHS, FAMILIES
@@ -36,6 +37,8 @@ def test_attn_dropout_key_is_the_one_read(tmp_path: Path, family: str) -> None:
     c = json.loads((DATA / family / "config.json").read_text()) | {FAMILIES[family].attn_dropout_key: 0.123}
     if family == "modernbert":  # its attention dropout also drops the branch output: one rate with the MLP's
         c["mlp_dropout"] = 0.123
+    if family == "falcon":  # Falcon drops its attention probabilities only with ALiBi
+        c["alibi"] = True
     (tmp_path / "config.json").write_text(json.dumps(c))
     assert import_config(tmp_path)[0].attention_dropout == 0.123
     # initadvisor.torch takes the first of ATTN_DROPOUT_KEYS the transformers config has
@@ -176,9 +179,17 @@ def test_rules_and_qkv_layout_drive_the_real_forward(models, family: str) -> Non
     std = dict.fromkeys(("q", "k", "v", "o", "ff_in", "ff_out", "embedding", "down"), 1.0)
     att, outs = _attention(model, family, std)
     assert not _uniform(att) and all(o.abs().max() > 0 for o in outs)
+    spec = models[family][1]
     for zero in ("q", "k"):  # latent attention's rotary key comes from its down projection
-        off = {zero: 0.0, **({"down": 0.0} if zero == "k" and models[family][1].latent else {})}
-        assert _uniform(_attention(model, family, std | off)[0]), zero
+        off = {zero: 0.0, **({"down": 0.0} if zero == "k" and spec.latent else {})}
+        att = _attention(model, family, std | off)[0]
+        if spec.alibi:  # the logits are ALiBi's biases alone: its rows at init
+            from initadvisor.core.attention import alibi_rows
+
+            T = att.shape[-1]
+            assert np.allclose(att.numpy(), alibi_rows(T, spec.heads)[None], atol=1e-6), zero
+        else:
+            assert _uniform(att), zero
     att, outs = _attention(model, family, std | {"v": 0.0})
     assert len(outs) == 2 and all(o.abs().max() == 0 for o in outs)
 

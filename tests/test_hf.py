@@ -229,15 +229,20 @@ def test_mixture_of_experts_mapping() -> None:
 
 def test_falcon_variants(tmp_path: Path) -> None:
     """The new decoder architecture (Falcon-40B): num_kv_heads groups, always parallel; the old one without
-    multi-query: a K/V head per head; ALiBi and a sequential block with two dropout rates are refused."""
+    multi-query: a K/V head per head; ALiBi (Falcon-RW) in place of the rotary embedding, its slopes scaled by
+    1 / sqrt(head_dim) as Falcon scales its biases with the logits, the probabilities dropped out only with it; a
+    sequential block with two dropout rates is refused."""
     c = raw("falcon")
     spec, _ = import_config(write(tmp_path, c | {"new_decoder_architecture": True, "num_kv_heads": 2,
                                                  "parallel_attn": False}))
     assert (spec.kv_heads, spec.parallel_residual) == (2, True)
     spec, _ = import_config(write(tmp_path, c | {"multi_query": False, "parallel_attn": False}))
     assert (spec.kv_heads, spec.parallel_residual) == (spec.heads, False)
-    with pytest.raises(SpecError, match="alibi"):
-        import_config(write(tmp_path, c | {"alibi": True}))
+    spec, _ = import_config(write(tmp_path, c | {"alibi": True, "attention_dropout": 0.1}))
+    d_head = c["hidden_size"] // c["num_attention_heads"]
+    assert (spec.alibi, spec.alibi_scale, spec.rope_theta, spec.attention_dropout) == (True, d_head ** -0.5, None, 0.1)
+    spec, notes = import_config(write(tmp_path, c | {"attention_dropout": 0.1}))
+    assert spec.attention_dropout == 0.0 and "only with ALiBi" in "\n".join(notes)
     with pytest.raises(SpecError, match="attention_dropout"):
         import_config(write(tmp_path, c | {"parallel_attn": False, "attention_dropout": 0.1}))
 
@@ -623,3 +628,31 @@ def test_latent_attention_is_its_moment_equivalent() -> None:
     share = 16 * g_r / (32 * g_k + 16 * g_r)
     assert round(P.head_dim * P.rope_fraction) == 16 and P.rope_fraction == pytest.approx(share, abs=0.5 / P.head_dim)
     assert spec_beta(spec.with_beta(0.3)) == pytest.approx(0.3, rel=1e-12)
+
+
+def test_bloom_mapping_and_init(tmp_path: Path) -> None:
+    """BLOOM: ALiBi, the embedding LayerNorm, pre-LN GeLU (tanh) blocks of 4 d, dropout on both branches and on the
+    probabilities, the tied head, field by field from the JSON; every matrix of the real model at initializer_range
+    and every bias 0; the residual taken after the input norm is refused."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    c = raw("bloom")
+    spec, notes = import_config(cfg_path("bloom"))
+    assert (spec.layers, spec.d_model, spec.heads, spec.d_ff) == (c["n_layer"], c["hidden_size"], c["n_head"],
+                                                                  4 * c["hidden_size"])
+    assert (spec.alibi, spec.causal, spec.norm, spec.norm_type, spec.embedding_norm, spec.activation) == (
+        True, True, "pre", "layernorm", True, "gelu_tanh")
+    assert (spec.dropout, spec.attention_dropout, spec.embedding_dropout) == (c["hidden_dropout"],
+                                                                              c["attention_dropout"], 0.0)
+    assert spec.tie_embeddings and spec.rope_theta is None and spec.seq_len == 2048 and "ALiBi" in "\n".join(notes)
+    assert all(spec.init[m].std == c["initializer_range"] for m in MATRICES)
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(transformers.AutoConfig.from_pretrained(DATA / "bloom"))
+    for n, p in model.named_parameters():
+        if p.dim() == 2:
+            assert p.detach().pow(2).mean().sqrt().item() == pytest.approx(c["initializer_range"], rel=0.1), n
+        elif n.endswith("bias"):
+            assert torch.count_nonzero(p) == 0, n
+    with pytest.raises(SpecError, match="after the input norm") as e:
+        import_config(write(tmp_path, c | {"apply_residual_connection_post_layernorm": True}))
+    assert e.value.key == "apply_residual_connection_post_layernorm"

@@ -231,9 +231,14 @@ def _stochastic(op) -> bool:
                for o in leaves((op,)))
 
 
-@pytest.mark.parametrize("name", sorted(n for n in OPERATIONS if not _stochastic(OPERATIONS[n]())))
+# operations whose position-resolved map is tested against the numpy network elsewhere (test_verify) and whose pair
+# map is a stand-in (ALiBi's heads as windows of their effective keys): here only numpy against PyTorch
+TORCH_ONLY = {"attention-alibi": lambda: _attention(model={"causal": True, "alibi": True, "heads": 8})}
+
+
+@pytest.mark.parametrize("name", sorted(n for n in OPERATIONS if not _stochastic(OPERATIONS[n]())) + list(TORCH_ONLY))
 def test_numpy_equals_torch_module_on_the_same_weights(name):
-    op = OPERATIONS[name]()
+    op = {**OPERATIONS, **TORCH_ONLY}[name]()
     torch, module = _module(op)
     rng = np.random.default_rng(5)
     W = init_block((op,), rng)
@@ -341,3 +346,23 @@ def test_hidden_unit_dropout_is_the_mlp_followed_by_dropout(act):
     q, p, caches = moments_forward(ops, INPUTS["q"], INPUTS["p"])
     expected = np.array([q, p, *moments_backward(ops, INPUTS["gq"], INPUTS["gp"], caches)], dtype=float)
     _close(_numpy_moments(mlp, hidden_dropout), expected)
+
+
+@pytest.mark.parametrize("heads", [1, 3, 4, 6, 8, 12, 16, 112])
+def test_alibi_bias_is_transformers_bloom_bias(heads):
+    """The numpy and PyTorch networks' ALiBi bias -m_h (t - s) against BLOOM's own slopes (any head count: the
+    powers of 2 and the interleaved rest), and its rows at init: softmax of the bias alone."""
+    torch = pytest.importorskip("torch")
+    bloom = pytest.importorskip("transformers.models.bloom.modeling_bloom")
+    from initadvisor.core.attention import alibi_rows, alibi_slopes
+    from initadvisor.core.ops import _alibi_bias
+
+    slopes = bloom._get_alibi_slopes(heads, "cpu").double().numpy()
+    np.testing.assert_allclose(alibi_slopes(heads), slopes, rtol=1e-6)
+    T = 12
+    bias = _alibi_bias(T, heads, np.float64)
+    t = np.arange(T)
+    np.testing.assert_allclose(bias, -slopes[:, None, None] * (t[:, None] - t[None, :]), rtol=1e-6)
+    masked = np.where(t[None, :] <= t[:, None], bias, -np.inf)
+    rows = torch.softmax(torch.from_numpy(masked), -1).numpy()
+    np.testing.assert_allclose(alibi_rows(T, heads), rows, rtol=1e-5, atol=1e-12)

@@ -79,6 +79,9 @@ def test_checks_diagram_verify_outputs_validate():
     for report in (api.verify(tiny, seeds=2), api.recommend(tiny), api.sweep(tiny, depth=[1, 2])):
         schemas.validate(report.to_dict())
         assert report.data["spec"]["attention_dropout"] == 3.75e-202
+    denormal = api.verify(small, seeds=1, rtol=5e-324, tol=5e-324)  # the user's own tolerances, echoed as given
+    schemas.validate(denormal.to_dict())
+    assert (denormal.data["rtol"], denormal.data["tol"]) == (5e-324, 5e-324)
 
 
 @pytest.mark.parametrize("breakage", [

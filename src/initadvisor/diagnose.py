@@ -104,9 +104,14 @@ def causal_trace(stack: Stack, backward: bool = False):
 WINDOW_CELLS = 2 * 10**7  # sliding-window rows run at full resolution: (layers + 1) x T^2 overlaps at most (~3 s)
 
 
+ALIBI_FLOPS = 2 * 10**10  # ALiBi's rows: (layers + 1) x heads x T^3 multiply-adds at most (dense T x T products)
+
+
 def resolvable(stack: Stack) -> bool:
     T, L = stack.embeddings.seq_len, len(stack.layers)
-    return fits(L, T) and (not stack.windowed or (L + 1) * T * T <= WINDOW_CELLS)
+    heads = max((P.heads for P in stack.layers if P.alibi), default=0)
+    return fits(L, T) and (not stack.windowed or (L + 1) * T * T <= WINDOW_CELLS) \
+        and (L + 1) * heads * T**3 <= ALIBI_FLOPS
 
 
 def fits(layers: int, seq_len: int) -> bool:
@@ -124,6 +129,13 @@ def notes(spec) -> list[str]:
         return [f"causal: (layers + 1) x T = {(spec.layers + 1) * spec.seq_len:.3g} exceeds {CAUSAL_CELLS:.0e} "
                 "positions x layers: the position-resolved prediction is skipped, rows use the late-token pair"]
     T = spec.seq_len
+    if spec.alibi and ((spec.layers + 1) * T * T > WINDOW_CELLS or (spec.layers + 1) * spec.heads * T**3 > ALIBI_FLOPS):
+        most = int(min((WINDOW_CELLS / (spec.layers + 1)) ** 0.5,
+                       (ALIBI_FLOPS / ((spec.layers + 1) * spec.heads)) ** (1 / 3)))
+        return [f"ALiBi: its rows are resolved per position up to (layers + 1) x T^2 = {WINDOW_CELLS:.0e} and (layers "
+                f"+ 1) x heads x T^3 = {ALIBI_FLOPS:.0e} (here T = {T}; --seq-len {most} fits): the position-resolved "
+                "prediction is skipped, and the late-token pair (each head a window of its effective keys coth(m_h / "
+                "2)) stands in"]
     if spec.sliding_window and spec.sliding_window < T and (spec.layers + 1) * T * T > WINDOW_CELLS:
         most = int((WINDOW_CELLS / (spec.layers + 1)) ** 0.5)
         return [f"sliding window: its rows are resolved per position up to (layers + 1) x T^2 = {WINDOW_CELLS:.0e} "

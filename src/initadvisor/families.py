@@ -377,8 +377,8 @@ def _modernbert(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
 def _falcon(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     """Falcon: one input LayerNorm shared by attention and MLP in parallel (h + attn(N h) + mlp(N h); the new
     decoder architecture's two norms are equal at init), multi-query (one K/V head) or num_kv_heads, GeLU,
-    rotary, no biases, one dropout on the sum of the branches; every Linear and Embedding ~ N(0,
-    initializer_range^2), the head tied."""
+    rotary or ALiBi (Falcon-RW), no biases, one dropout on the sum of the branches; every Linear and Embedding ~
+    N(0, initializer_range^2), the head tied."""
     g = cfg.get
     layers = g("num_hidden_layers", "posint", required=True, spec_key="model.layers")
     d = g("hidden_size", "posint", required=True, spec_key="model.d_model")
@@ -387,8 +387,7 @@ def _falcon(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     act = _activation(cfg, "activation", "gelu", False, notes)
     length = _seq(cfg, "max_position_embeddings")
     vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
-    if g("alibi", "bool", False):
-        raise cfg.error("ALiBi position biases are not modelled", "alibi")
+    alibi = g("alibi", "bool", False)
     new = g("new_decoder_architecture", "bool", False)
     if new:
         kv = g("num_kv_heads", "posint", heads, spec_key="model.kv_heads")
@@ -402,7 +401,12 @@ def _falcon(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
         raise cfg.error(f"the sequential block (parallel_attn: false) drops the attention branch at attention_dropout "
                         f"{attn_drop:g} and the MLP's at hidden_dropout {drop:g}: one rate is modelled",
                         "attention_dropout")
-    rope = _rotary(cfg, notes)
+    # ALiBi replaces the rotary embedding, its biases added before the logits' 1 / sqrt(head_dim); the probabilities
+    # are dropped out only with it (transformers' FalconAttention)
+    rope = {"alibi": True, "alibi_scale": (d // heads) ** -0.5} if alibi else _rotary(cfg, notes)
+    if attn_drop and not alibi:
+        notes.append(f"attention_dropout {attn_drop:g} drops Falcon's attention probabilities only with ALiBi"
+                     + ("" if parallel else " (here: the attention branch's output)"))
     std = _init_std(cfg, notes)
     head = _head(cfg, True, True, False)  # ln_f, then the tied lm_head
     model = {**_decoder(layers, d, heads, kv, d_ff, act, "layernorm", parallel, None, head), **rope}
@@ -410,7 +414,38 @@ def _falcon(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     return {
         "model": model,
         "sequence": {"length": length, "vocab": vocab, "embeddings": ["token"]},
-        "dropout": drop, "embedding_dropout": 0.0, "attention_dropout": attn_drop,
+        "dropout": drop, "embedding_dropout": 0.0, "attention_dropout": attn_drop if alibi else 0.0,
+        "init": _init(std, head["tie_embeddings"]),
+    }
+
+
+def _bloom(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
+    """BLOOM: a LayerNorm on the embeddings, pre-LN blocks with ALiBi (head h's logits minus m_h (t - s)), fused
+    query_key_value rows per head ([q, k, v], GPT-NeoX's layout), GeLU (tanh) MLP of 4 d, biases, dropout
+    hidden_dropout on both branches; every Linear and Embedding N(0, initializer_range^2), the head tied."""
+    g = cfg.get
+    layers = g("n_layer", "posint", required=True, spec_key="model.layers", aliases=("num_hidden_layers",))
+    d = g("hidden_size", "posint", required=True, spec_key="model.d_model", aliases=("n_embed",))
+    heads = g("n_head", "posint", required=True, spec_key="model.heads", aliases=("num_attention_heads",))
+    if g("apply_residual_connection_post_layernorm", "bool", False):
+        raise cfg.error("the residual taken after the input norm (h -> N(h) + f(N(h))) is not modelled",
+                        "apply_residual_connection_post_layernorm")
+    g("pretraining_tp", "any", None)  # tensor-parallel slicing of the same matrices
+    g("slow_but_exact", "any", None)
+    length = _seq(cfg, "seq_length") if "seq_length" in cfg.raw else 2048
+    if "seq_length" not in cfg.raw:
+        notes.append("BLOOM has no position table (ALiBi): sequence.length 2048, the length it was trained at; "
+                     "--seq-len sets another")
+    vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
+    std = _init_std(cfg, notes)
+    head = _head(cfg, True, True, False)  # ln_f, then the tied lm_head
+    model = {**_decoder(layers, d, heads, heads, 4 * d, "gelu_tanh", "layernorm", False, None, head),
+             "embedding_norm": True, "alibi": True, "norm_eps": _eps(cfg, "layer_norm_epsilon", 1e-5)}
+    return {
+        "model": model,
+        "sequence": {"length": length, "vocab": vocab, "embeddings": ["token"]},
+        "dropout": g("hidden_dropout", "prob", 0.0, spec_key="dropout"), "embedding_dropout": 0.0,
+        "attention_dropout": g(fam.attn_dropout_key, "prob", 0.0, spec_key="attention_dropout"),
         "init": _init(std, head["tie_embeddings"]),
     }
 
@@ -785,6 +820,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            _rules("self_attn.q_b_proj", "self_attn.kv_b_proj", "self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa",
                   "self_attn.q_proj", "self_attn.o_proj", "embed_tokens", "mlp.gate_proj", "mlp.up_proj",
                   "mlp.down_proj", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"), "attention_dropout"),
+    Family("bloom", _bloom, ("h", "transformer.h"),
+           _rules("attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h",
+                  "word_embeddings"), "attention_dropout"),
     Family("gemma2", _gemma, ("layers", "model.layers"), _LLAMA_RULES, "attention_dropout"),
     Family("gemma3_text", _gemma, ("layers", "model.layers"), _LLAMA_RULES, "attention_dropout"),
 )}

@@ -41,6 +41,7 @@ def show(x: float | None, spec: str = ".3g", positive: bool = False) -> str:
 
 
 SPECS = ("spec", "patched_spec")  # validated specs, the user's own numbers (a dropout of 1e-250 is a valid input)
+OPTIONS = ("tol", "rtol")  # a report's echo of the user's own options (verify --rtol 5e-324 is a valid input)
 
 
 def clean(obj, path: str = "", key: str = "", out: list | None = None):
@@ -48,7 +49,7 @@ def clean(obj, path: str = "", key: str = "", out: list | None = None):
     specs a report echoes."""
     out = [] if out is None else out
     if isinstance(obj, dict):
-        return {k: v if k in SPECS else clean(v, f"{path}.{k}" if path else k, k, out)[0]
+        return {k: v if k in SPECS or k in OPTIONS else clean(v, f"{path}.{k}" if path else k, k, out)[0]
                 for k, v in obj.items()}, out
     if isinstance(obj, (list, tuple)):
         return [clean(v, f"{path}[{i}]", key, out)[0] for i, v in enumerate(obj)], out

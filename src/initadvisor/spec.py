@@ -126,6 +126,8 @@ class Spec:
     rotary_fraction: float = 1.0  # the share of each head's coordinates it turns
     sliding_window: int | None = None  # a local layer's keys per row: causal the last W, else |m - s| <= W // 2
     window_blocks: tuple[int, ...] | None = None  # blocks (from 1) with the window; None: all
+    alibi: bool = False  # ALiBi (BLOOM): head h's logits minus m_h (t - s), slopes 2^(-8 h / heads)
+    alibi_scale: float = 1.0  # the slopes times this (Falcon: 1 / sqrt(d_head), its biases scaled with the logits)
     source: str | None = field(default=None, compare=False)
     notes: tuple[str, ...] = field(default=(), compare=False)  # what an import could not model
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
@@ -220,6 +222,7 @@ class Spec:
                 "layernorm_scaling": self.layernorm_scaling, "rope_theta": self.rope_theta,
                 "rotary_fraction": self.rotary_fraction, "sliding_window": self.sliding_window,
                 "window_blocks": None if self.window_blocks is None else list(self.window_blocks),
+                "alibi": self.alibi, "alibi_scale": self.alibi_scale,
             },
             "sequence": {
                 "length": self.seq_len, "vocab": self.vocab,
@@ -277,7 +280,8 @@ SCHEMA: dict[str, Any] = {
         "final_norm": "bool", "tie_embeddings": "bool", "head_transform": "bool", "logit_softcap": "pos?",
         "qk_norm": QK_NORMS, "norm_eps": "eps", "embedding_scale": "pos", "head_dim": "posint?",
         "layernorm_scaling": "bool", "rope_theta": "base?", "rotary_fraction": "fraction",
-        "sliding_window": "posint?", "window_blocks": "blocks?",
+        "sliding_window": "posint?", "window_blocks": "blocks?", "alibi": "bool",
+        "alibi_scale": "pos",
     },
     "sequence": {"length": "posint", "vocab": "posint", "input_correlation": "corr", "embeddings": "embeddings"},
     "dropout": "prob",
@@ -617,6 +621,7 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
         rope_theta=None if m.get("rope_theta") is None else float(m["rope_theta"]),
         rotary_fraction=float(m.get("rotary_fraction", 1.0)), sliding_window=m.get("sliding_window"),
         window_blocks=None if m.get("window_blocks") is None else tuple(sorted(m["window_blocks"])),
+        alibi=m.get("alibi", False), alibi_scale=float(m.get("alibi_scale", 1.0)),
         source=None if fname == "<spec>" else fname, lines=dict(lines),
     )
     try:
@@ -666,6 +671,17 @@ def _check_consistency(spec: Spec) -> None:
         raise SpecError("skip and block cannot both be 0", key="residual.attention")
     if spec.res_mlp.skip == 0 and spec.res_mlp.block == 0:
         raise SpecError("skip and block cannot both be 0", key="residual.mlp")
+    if spec.alibi_scale != 1.0 and not spec.alibi:
+        raise SpecError("scales ALiBi's slopes: set model.alibi: true", key="model.alibi_scale")
+    if spec.alibi and not spec.causal:
+        raise SpecError("ALiBi is modelled for causal attention (model.causal: true)", key="model.alibi")
+    for other, what in (("sliding_window", "a sliding window"), ("rope_theta", "a rotary embedding"),
+                        ("latent", "latent attention")):
+        if spec.alibi and getattr(spec, other):
+            raise SpecError(f"ALiBi together with {what} is not modelled", key="model.alibi")
+    if spec.alibi and spec.attention == "centered":
+        raise SpecError("centered attention subtracts the mean over all attended keys; with ALiBi it is not modelled",
+                        key="model.alibi")
     if spec.latent and (spec.norm not in ("pre", "sandwich") or spec.layernorm_scaling):
         raise SpecError("latent attention is modelled behind a unit norm (model.norm: pre or sandwich, without "
                         "layernorm_scaling): its latents' norms then change nothing but the gains", key="latent_attention")

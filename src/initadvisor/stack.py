@@ -59,7 +59,7 @@ def block_params(spec, moe: bool = False) -> BlockParams:
         skip_a=spec.res_attention.skip, block_a=spec.res_attention.block * spec.layers ** -spec.depth_alpha,
         skip_m=spec.res_mlp.skip, block_m=spec.res_mlp.block * spec.layers ** -spec.depth_alpha,
         qk_norm=spec.qk_norm, norm_eps=spec.norm_eps, rope_theta=spec.rope_theta or 0.0,
-        rope_fraction=spec.rotary_fraction, norm=spec.norm, centered=spec.attention == "centered",
+        rope_fraction=spec.rotary_fraction, alibi=spec.alibi_scale if spec.alibi else 0.0, norm=spec.norm, centered=spec.attention == "centered",
         parallel=spec.parallel_residual,
         causal=spec.causal, norm_type=spec.norm_type, d_model=spec.d_model, heads=spec.heads, head_dim=spec.d_head,
         kv_heads=spec.kv_heads, d_ff=spec.d_ff, softmax_scale=spec.softmax_scale, out_proj=spec.out_proj,

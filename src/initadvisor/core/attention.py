@@ -87,6 +87,32 @@ def rope_rows(T: int, d_head: int, theta: float, fraction: float) -> np.ndarray:
     return np.interp(np.log(np.arange(1, T + 1)), np.log(grid), k)
 
 
+def alibi_slopes(heads: int, scale: float = 1.0) -> np.ndarray:
+    """ALiBi's per-head slopes m_h (Press et al. 2022, as BLOOM's _get_alibi_slopes): 2^(-8 h / n) for h = 1..n, n the
+    largest power of 2 up to heads, then 2^(-4 h / n) for odd h, one per remaining head; times `scale` (Falcon scales
+    the biases with the logits: 1 / sqrt(head_dim))."""
+    n = 2 ** int(math.floor(math.log2(heads)))
+    extra = [2.0 ** (-4.0 * h / n) for h in range(1, 2 * (heads - n), 2)]
+    return scale * np.array([2.0 ** (-8.0 * h / n) for h in range(1, n + 1)] + extra)
+
+
+@lru_cache(maxsize=4)
+def alibi_rows(T: int, heads: int, scale: float = 1.0) -> np.ndarray:
+    """(heads, T, T): each head's causal attention rows at init without the logits' random part, row t's weights
+    over keys s <= t proportional to e^(-m_h (t - s)) (ALiBi's bias on the logits)."""
+    t = np.arange(T, dtype=float)
+    dist = t[:, None] - t[None, :]
+    w = np.where(dist >= 0, np.exp(-alibi_slopes(heads, scale)[:, None, None] * np.maximum(dist, 0.0)), 0.0)
+    w /= w.sum(-1, keepdims=True)
+    w.flags.writeable = False
+    return w
+
+
+def alibi_keys(heads: int, scale: float = 1.0) -> np.ndarray:
+    """Each head's effective keys at a late row, 1 / sum_s w_s^2 = coth(m_h / 2) (the weights e^(-m_h k), k >= 0)."""
+    return 1.0 / np.tanh(alibi_slopes(heads, scale) / 2.0)
+
+
 def beta_c(q, p, q_query=None):
     """Critical beta (001 Result 1): sqrt(2 / (q (q - p))); q_query adds the query bias's share."""
     qq = q if q_query is None else q_query

@@ -388,6 +388,7 @@ class AttentionRows:
     overlap: np.ndarray | float = 0.0  # (K, K): two rows' overlap Yp over their IPRs' geometric mean
     shared: np.ndarray | None = None  # (K, K): Yp - 1 / max(t, t'), the overlap beyond uniform rows'
     keys: tuple | None = None  # windows and bidirectional rows (full resolution): row m's keys lo_m..hi_m, w_m of them
+    weights: tuple | None = None  # ALiBi rows (full resolution): (W, d, c, sum W^2, overlap), Attention._causal_alibi
     qk_share: float = 0.0  # set by the backward: the share of the gradient's q at the input through that path
 
 

@@ -31,9 +31,10 @@ class Stack:
 
     @cached_property
     def windowed(self) -> bool:
-        """Some layer attends through a sliding window shorter than the sequence."""
+        """Some layer attends through a sliding window shorter than the sequence, or with ALiBi's biases (rows at
+        full resolution both)."""
         T = self.embeddings.seq_len
-        return any(P.window and P.window < T for P in self.layers)
+        return any((P.window and P.window < T) or P.alibi for P in self.layers)
 
     def replace(self, **fields) -> "Stack":
         """The same stack with BlockParams fields replaced at every layer (numpy arrays allowed: a grid)."""

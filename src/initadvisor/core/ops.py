@@ -74,6 +74,7 @@ class BlockParams:
     rope_theta: float = 0.0  # rotary position embedding's base (0: none) on a fraction of each head's coordinates
     rope_fraction: float = 1.0
     window: int = 0  # sliding-window attention: keys m - window + 1..m (causal) or |m - s| <= window // 2; 0: all
+    alibi: float = 0.0  # ALiBi (causal): head h's logits minus m_h (t - s), attention.alibi_slopes times this; 0: none
     norm: str = "post"  # post | pre | sandwich (norm before and after each branch) | reordered (after only) | none
     qk_norm: str = "none"  # none | head | all: queries and keys normalised (norm_type, unit gain) before the scores
     centered: bool = False
@@ -476,6 +477,7 @@ class AttentionCache:
     mom_b: tuple  # the backward's: a sliding window's rows overlap on their own keys
     qk: tuple  # the query/key path's gains on the gradient's q (Attention._qk_gain)
     qk_share: object = 0.0  # set by the backward: the share of the gradient's q at the input through that path
+    heads: tuple = ()  # ALiBi: per distinct head, (its window-equivalent operation, its cache)
 
 
 @dataclass(frozen=True)
@@ -498,6 +500,8 @@ class Attention:
         the unturned query correlation: kappa there (its mean over pairs) put Qwen3's and OLMo 2's rho 0.01-0.02
         further from the real models."""
         P = self.P
+        if P.alibi:
+            return self._alibi_moments(q, p)
         T, n = P.seq_len, self._keys(P.seq_len)
         qq, kap = q + P.q_bias, self._kappa(n)
         bc = self._qk_normed_beta_c(q, kap * p, qq) if P.qk_norm != "none" else att.beta_c(q, kap * p, qq)
@@ -516,6 +520,21 @@ class Attention:
         qo, po = linear(qa, pa, P.g_o, P.b_o2)
         return qo, po, AttentionCache(q, p, bc, y2, yp, y3, y22, mom, mom_b,
                                       self._qk_gain(q, p, kap * p, qq, bc, y2, yp, y3, y22))
+
+    def _alibi_heads(self) -> list:
+        """ALiBi's heads for the pair map: head h as a causal window of its effective keys coth(m_h / 2) (all keys
+        where that reaches T): the late-token pair of a row whose weights fall off as e^(-m_h (t - s))."""
+        keys = np.minimum(np.round(att.alibi_keys(self.P.heads, float(self.P.alibi))), 2.0**62)  # T may be a grid
+        return [Attention(replace(self.P, alibi=0.0, window=int(w))) for w in keys]
+
+    def _alibi_moments(self, q, p):
+        """The heads' mean: each head's output moments, and its share of the output projection's sum over heads."""
+        heads = self._alibi_heads()
+        outs = [h.moments(q, p) for h in heads]
+        c = outs[-1][2]
+        mean = lambda k: sum(getattr(o[2], k) for o in outs) / len(outs)  # noqa: E731
+        c = replace(c, y2=mean("y2"), yp=mean("yp"), heads=tuple((h, o[2]) for h, o in zip(heads, outs)))
+        return sum(o[0] for o in outs) / len(outs), sum(o[1] for o in outs) / len(outs), c
 
     def _qk_gain(self, q, p, kp, qq, bc, y2, yp, y3, y22):
         """The query/key path of the backward: (a, a_key, b, x) with a gq + b gp its gradient q per coordinate of the
@@ -558,6 +577,10 @@ class Attention:
         its n keys) and the query/key path (`_qk_gain`; it adds to the gradient's q only: two tokens' scores'
         gradients carry back through W_Q and W_K with random signs)."""
         P = self.P
+        if c.heads:  # ALiBi: the heads' mean
+            grads = [h.moments_backward(gq, gp, hc) for h, hc in c.heads]
+            c.qk_share = sum(hc.qk_share for _, hc in c.heads) / len(c.heads)
+            return sum(g[0] for g in grads) / len(grads), sum(g[1] for g in grads) / len(grads)
         gq, gp = P.g_o * gq, P.g_o * gp
         a, a_key, b, x = c.qk
         qk = a * gq + b * gp
@@ -578,6 +601,8 @@ class Attention:
     def causal(self, G, S):
         """Row m attends to keys 1..m: a REM at m keys (causal.py's module docstring derives each term)."""
         P = self.P
+        if P.alibi:
+            return self._causal_alibi(G, S)
         if (P.window and P.window < G.T) or not P.causal:
             return self._causal_window(G, S)
         lnT = math.log(P.seq_len) if np.isfinite(P.seq_len) else math.log(G.T)
@@ -670,6 +695,8 @@ class Attention:
             raise ValueError("the position-resolved backward has no centered rows")
         g_o, g_v, drop = float(P.g_o), float(P.g_v), float(P.attn_dropout)
         g = g_o * S.qf
+        if rows.weights is not None:
+            return self._alibi_backward(S, rows, g, g_o * S.P)
         a, a_key, h = self._qk_rows(rows.beta_c, *rows.qk)
         e, ek = a * g, a_key * g  # row t's query half, and its key half over its keys
         Pg = g_o * S.P
@@ -691,6 +718,74 @@ class Attention:
         total = g_v * B.qf + qk
         rows.qk_share = float(np.clip(qk.sum() / total.sum(), 0.0, 1.0)) if total.sum() > 0 else 0.0
         return cz.State(total, g_v * B.P + kp)
+
+    def _causal_alibi(self, G, S):
+        """ALiBi's rows at full resolution: head h's row t weighs key s by W_ts ~ e^(-m_h (t - s)) (attention.alibi_rows)
+        times the logits' random part, a REM at the row's effective keys n_t = 1 / sum_s W_ts^2 (Y2 = e^v / n_t in the
+        uniform phase). Row t's mixing moments E A_ts A_ts' are W_ts W_ts' c_t off the diagonal, c_t = (E (sum A)^2 -
+        E sum A^2) / (1 - 1 / n_t), and W_ts^2 d_t n_t on it (d_t = E sum_s A_ts^2): `_alibi_mixing`; two rows' weights
+        are taken as deterministic (the random parts' overlap beyond them left out: the uniform phase's). The output is
+        the heads' mean; the query/key path as _qk_rows' at n_t keys, its key half spread over the keys by W^2."""
+        P, T = self.P, G.T
+        if not G.single.all():
+            raise ValueError("ALiBi rows need the full-resolution state (single=T)")
+        lnT = math.log(P.seq_len) if np.isfinite(P.seq_len) else math.log(T)
+        W = att.alibi_rows(T, P.heads, float(P.alibi))
+        C = S.P.copy()
+        C[np.diag_indices(T)] = S.qf
+        w2 = np.einsum("hts,hts->ht", W, W)
+        n = 1.0 / w2
+        U = np.matmul(np.matmul(W, C), W.transpose(0, 2, 1))  # sum_{s, s'} W_ts W_t's' C_ss'
+        own = (W * W) @ S.qf  # sum_s W_ts^2 q_s
+        qbar, tot = W @ S.qf, np.einsum("htt->ht", U)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            pbar = np.where(w2 < 1.0, (tot - own) / (1.0 - w2), qbar)
+        qb = float(P.q_bias)
+        qq = S.qf + qb
+        bc = self._qk_normed_beta_c(qbar, pbar, qq) if P.qk_norm != "none" else att.beta_c(qbar, pbar, qq)
+        y2, v = (x.reshape(n.shape) for x in cz.rem_rows(P.beta, bc.ravel(), lnT, n.ravel()))
+        d, c = _alibi_mixing(y2, w2, float(P.attn_dropout))
+        g_v, b_v2 = float(P.g_v), float(P.b_v2)
+        gap = g_v * np.maximum(qbar - pbar, 0.0)
+        # two rows' random parts overlap on the keys they share as the windows' (Yp = e^(rho_q v) x the shared weight)
+        sh = np.matmul(W, W.transpose(0, 2, 1))  # sum_s W_ts W_t's
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            rho_q = np.clip(np.nan_to_num((S.P + qb) / np.sqrt(np.multiply.outer(qq, qq))), -1.0, 1.0)
+            sv, sy = np.sqrt(v), np.sqrt(y2)
+            beyond = np.minimum(np.exp(rho_q * sv[:, :, None] * sv[:, None, :]) * sh,
+                                sy[:, :, None] * sy[:, None, :]) - sh
+        beyond[:, np.arange(T), np.arange(T)] = 0.0
+        t = np.arange(T)
+        out = (g_v * U + b_v2 + beyond * gap[:, np.minimum.outer(t, t)]).mean(0)
+        diag = (c * (g_v * tot + b_v2) + (d * n - c) * (g_v * own + b_v2 * w2)).mean(0)
+        out[np.diag_indices(T)] = 0.0
+        O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            F = np.where(sh > 0, beyond / sh, 0.0)
+        qk = (lnT, n, qq, qbar - pbar, pbar + qb, gap)
+        return O, cz.AttentionRows(y2.mean(0), bc.mean(0), O.qf, qk, weights=(W, d, c, w2, F))
+
+    def _alibi_backward(self, S, rows, g, Pg):
+        """The transpose of _causal_alibi's rows, per head, then the heads' mean: key s, s' get sum_{t, t'} W_ts W_t's'
+        of the gradient's moments, row t's own with c_t g_t (and W_ts^2 (d_t n_t - c_t) g_t on the diagonal); the
+        query half a g_t, the key half a_key g_t over the keys by W_ts^2 / sum W_t^2."""
+        W, d, c, w2, F = rows.weights
+        T = len(g)
+        Gm = np.broadcast_to(Pg, (W.shape[0], T, T)).copy()
+        idx = np.arange(T)
+        Gm[:, idx, idx] = c * g
+        B = np.matmul(np.matmul(W.transpose(0, 2, 1), Gm), W)
+        Bd = np.einsum("hss->hs", B) + np.einsum("hts,ht->hs", W * W, (d / w2 - c) * g)
+        Bd += (W * np.matmul(Pg * F, W)).sum(1)  # the rows' overlap beyond their weights, on the keys they share
+        a, a_key, _ = self._qk_rows(rows.beta_c, *(x.mean(0) if np.ndim(x) == 2 else x for x in rows.qk))
+        kd = np.einsum("hts,t->s", W * W / w2[:, :, None], a_key * g) / W.shape[0]
+        qk = a * g + kd
+        g_v = float(self.P.g_v)
+        Bp = B.mean(0)
+        Bp[idx, idx] = 0.0
+        total = g_v * Bd.mean(0) + qk
+        rows.qk_share = float(np.clip(qk.sum() / total.sum(), 0.0, 1.0)) if total.sum() > 0 else 0.0
+        return cz.State(total, g_v * Bp)
 
     def _causal_window(self, G, S):
         """Row m attends to the keys K_m = [lo_m, hi_m] (w_m of them): [m - window + 1, m] causal, within window // 2
@@ -773,6 +868,8 @@ class Attention:
         s = s.reshape(B, KV, G, T, T)
         if P.causal or P.window:
             s += _mask_bias(T, P.causal, P.window, s.dtype)
+        if P.alibi:  # head kv * G + g: minus m_h (t - s)
+            s += _alibi_bias(T, H, s.dtype, P.alibi).reshape(KV, G, T, T)
         s -= s.max(-1, keepdims=True)
         np.exp(s, out=s)
         s /= s.sum(-1, keepdims=True)
@@ -906,11 +1003,23 @@ class Attention:
             if P.causal or P.window else None
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
+        if P.alibi:
+            scores = scores + torch.as_tensor(_alibi_bias(T, h, np.float64, P.alibi), dtype=scores.dtype,
+                                              device=u.device)
         out = m.attn_drop(scores.softmax(-1)) @ v
         if P.centered:  # subtract the values' mean over the attended keys
             w = mask.to(v.dtype) if mask is not None else torch.ones(T, T, dtype=v.dtype, device=u.device)
             out = out - (w / w.sum(-1, keepdim=True)) @ v
         return m.o(out.transpose(1, 2).reshape(B, T, h * P.d_head))
+
+
+def _alibi_mixing(y2, w2, drop: float):
+    """A weighted row's (d, c): E sum_s A_ts^2 (with attention dropout) and the factor of W_ts W_ts' in E A_ts A_ts'
+    (s != s'), (E (sum_s A_ts)^2 - d) / (1 - sum_s W_ts^2); 0 for a row of one key."""
+    d, _, s2, _ = att.mixing(y2, 0.0, 1.0, False, drop)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        c = np.where(w2 < 1.0, (s2 - d) / (1.0 - w2), 0.0)
+    return d, c
 
 
 def _torch_rope(x, P: BlockParams):
@@ -925,6 +1034,12 @@ def _torch_rope(x, P: BlockParams):
 
 
 @lru_cache(maxsize=16)
+def _alibi_bias(T: int, heads: int, dtype, scale: float = 1.0) -> np.ndarray:
+    """(heads, T, T): ALiBi's -m_h (t - s) on every logit (the causal mask removes s > t)."""
+    t = np.arange(T, dtype=float)
+    return (-att.alibi_slopes(heads, scale)[:, None, None] * (t[:, None] - t[None, :])).astype(dtype)
+
+
 def _mask_bias_cached(T: int, causal: bool, window: int, dtype: str) -> np.ndarray:
     t = np.arange(T)
     d = t[:, None] - t[None, :]  # query - key
