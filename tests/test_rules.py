@@ -301,3 +301,13 @@ def test_examples_are_small_and_valid():
         for overrides in (r.fails, r.passes):
             spec = build_spec(example(overrides))
             assert spec.layers <= 24 and spec.d_model <= 64
+
+
+def test_alibi_masks_a_collapse_as_windows_do():
+    """IA107 on ALiBi: BLOOM's biases keep an attention-led stack's rho below rank_collapse_rho where the same stack
+    without them collapses; a stronger attention skip leaves nothing to mask."""
+    spec = {"model": {"layers": 8, "norm": "pre", "causal": True, "alibi": True, "heads": 8},
+            "init": {"v": {"gain": 4}}}
+    hits = [f for f in report(spec)["findings"] if f["code"] == "IA107"]
+    assert len(hits) == 1 and "ALiBi" in hits[0]["message"]
+    assert "IA107" not in codes(report({**spec, "residual": {"attention": {"skip": 2.0}}}))

@@ -169,15 +169,20 @@ def windows_mask_collapse(spec, a) -> list[Finding]:
     from initadvisor.stack import from_spec
 
     th = spec.thresholds["rank_collapse_rho"]
-    if not spec.sliding_window or _collapse_at(spec, a) is not None:  # IA101 takes precedence
+    if not (spec.sliding_window or spec.alibi) or _collapse_at(spec, a) is not None:  # IA101 takes precedence
         return []
-    stack = from_spec(spec, window=0)
+    stack = from_spec(spec, window=0, alibi=0.0)
     ct = causal_trace(stack) if spec.causal else None
     rho = propagate(stack, backward=False).rho if ct is None else ct.rho_thirds[:, 2]
     hit = (rho >= th).nonzero()[0]
     if not hit.size:
         return []
     k, own = int(hit[0]), _rho(spec, a)
+    if spec.alibi:
+        return [finding("IA107", f"ALiBi's biases keep rho at {show(float(own.max()), '.4f')} at most, but without "
+                                 f"them it reaches {show(float(rho[k]), '.4f')} >= {th} at layer {k}: the heads' "
+                                 "local weighting masks a collapse of the attention itself (its far-reaching heads "
+                                 "carry it as the context grows)", k)]
     return [finding("IA107", f"the sliding windows keep rho at {show(float(own.max()), '.4f')} at most, but with "
                              f"every layer global it reaches {show(float(rho[k]), '.4f')} >= {th} at layer {k}: the "
                              "local layers mask a collapse of global attention (longer windows, fewer local layers or "
@@ -437,15 +442,17 @@ RULES: dict[str, Rule] = {r.code: r for r in [
     ),
     Rule(
         code="IA107", name="windows-mask-collapse", severity="warning", title="Sliding windows mask a rank collapse",
-        threshold_key=None, criterion="rho >= rank_collapse_rho at some layer with every layer global, below it with "
-                                      "the sliding windows (and no IA101)",
-        keys=("model.sliding_window", "model.window_blocks", "residual.attention.skip"), check=windows_mask_collapse,
+        threshold_key=None, criterion="rho >= rank_collapse_rho at some layer with every layer global (no windows, "
+                                      "no ALiBi biases), below it with them (and no IA101)",
+        keys=("model.sliding_window", "model.window_blocks", "model.alibi", "residual.attention.skip"),
+        check=windows_mask_collapse,
         meaning="Local attention averages each token with its last W keys only, so tokens stay apart and rho stays "
                 "low; the same stack with global attention in every layer collapses. The model is one change away "
                 "from rank collapse: longer windows, more global layers (long-context variants turn local layers "
-                "global) or a longer sequence for the global ones.",
-        formula="rho_l of the stack with window = 0 in every block (position-resolved for causal models, late third) "
-                "against the same with the spec's windows",
+                "global) or a longer sequence for the global ones. ALiBi's biases act alike: each head weighs its "
+                "keys e^(-m_h (t - s)), most of them locally.",
+        formula="rho_l of the stack with window = 0 and no ALiBi in every block (position-resolved for causal models, "
+                "late third) against the same with the spec's windows or biases",
         source="Giorlandino & Goldt 2025, Result 1 and eqs. 14-17, with a REM per window (Beltagy et al. 2020, "
                "Longformer; Gemma 2 and 3)",
         fix="Make the stack trainable with global attention too: a stronger attention skip (alpha_SA >= alpha_c, "
