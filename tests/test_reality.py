@@ -83,6 +83,10 @@ def _config(family: str):
         return t.FalconConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
                               max_position_embeddings=T, new_decoder_architecture=True, num_kv_heads=2,
                               hidden_dropout=0.1, bos_token_id=0, eos_token_id=0)
+    if family == "falcon_rw":  # Falcon-RW's block: ALiBi (slopes / sqrt(head_dim)), sequential, a K/V head per head
+        return t.FalconConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=8, alibi=True,
+                              multi_query=False, parallel_attn=False, bias=True, max_position_embeddings=T,
+                              initializer_range=0.04, bos_token_id=0, eos_token_id=0)
     if family == "opt_post_ln":  # OPT-350m's post-LN block (do_layer_norm_before: false), no embedding norm
         return t.OPTConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
                            ffn_dim=4 * D, max_position_embeddings=T, word_embed_proj_dim=D, do_layer_norm_before=False,
@@ -134,7 +138,7 @@ def _config(family: str):
 
 GRAD_FAMILY = 0.25  # the gradient ratio of every family but BERT, GPT-2 (GRAD_REL) and OLMo 2 (the known gap)
 FAMILIES = ("bert", "gpt2", "gpt_neox", "llama", "qwen3", "olmo2", "phi3", "gemma2", "gemma3_text", "mixtral",
-            "qwen3_moe", "opt", "opt_post_ln", "falcon", "falcon_40b", "mistral_window", "gemma2_window",
+            "qwen3_moe", "opt", "opt_post_ln", "falcon", "falcon_40b", "falcon_rw", "mistral_window", "gemma2_window",
             "gemma3_window", "modernbert", "t5", "t5_v1_1", "deepseek_v3", "bloom", "bloom_std06")
 _CACHE: dict[str, dict] = {}
 
@@ -359,7 +363,7 @@ def test_opt(result, family):
     _assert_q_rho(r)
 
 
-@pytest.mark.parametrize("family", ["falcon", "falcon_40b"])
+@pytest.mark.parametrize("family", ["falcon", "falcon_40b", "falcon_rw"])
 def test_falcon_parallel_multi_query(result, family):
     r = result(family)
     _assert_q_rho(r)

@@ -404,6 +404,9 @@ def _falcon(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     # ALiBi replaces the rotary embedding, its biases added before the logits' 1 / sqrt(head_dim); the probabilities
     # are dropped out only with it (transformers' FalconAttention)
     rope = {"alibi": True, "alibi_scale": (d // heads) ** -0.5} if alibi else _rotary(cfg, notes)
+    if alibi:
+        notes.append("ALiBi as Falcon's sdpa and flash attention apply it (slopes / sqrt(head_dim)); transformers' eager "
+                     "attention adds the biases twice (with the logits and through the mask)")
     if attn_drop and not alibi:
         notes.append(f"attention_dropout {attn_drop:g} drops Falcon's attention probabilities only with ALiBi"
                      + ("" if parallel else " (here: the attention branch's output)"))

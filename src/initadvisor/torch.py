@@ -363,8 +363,10 @@ def measure_hf_config(source, spec, seeds: int = 3, batch: int = 2, device: str 
 
     def build() -> nn.Module:
         cls = _model_class(config.model_type, AutoModel)
-        return cls.from_config(config, attn_implementation="eager").to(device) if cls is AutoModel \
-            else cls._from_config(config, attn_implementation="eager").to(device)
+        # eager attention returns the probabilities (the IPR); Falcon's eager path adds ALiBi twice: sdpa there
+        impl = "sdpa" if config.model_type == "falcon" and getattr(config, "alibi", False) else "eager"
+        return cls.from_config(config, attn_implementation=impl).to(device) if cls is AutoModel \
+            else cls._from_config(config, attn_implementation=impl).to(device)
 
     where = "<config>"
     try:  # transformers validates the config its own way: what it refuses is the input's fault, in one line
