@@ -183,6 +183,11 @@ def valid_spec(r, max_layers: int = 2000, small: bool = False) -> dict:
         n = model["layers"]
         opt(moe, "dense_blocks", lambda: sorted({r.integer(1, n) for _ in range(r.integer(0, min(n, 4)))}))
         opt(moe, "router_std", lambda: None if r.coin(0.2) else real(r, 1e-8, 999999.0, (0.005, 0.2)))
+        groups = [g for g in range(2, moe["experts"] // 2 + 1) if moe["experts"] % g == 0]
+        if groups and r.coin(0.3):
+            moe["groups"] = r.choice(groups)
+            size, k = moe["experts"] // moe["groups"], moe.get("top_k", 1)
+            moe["top_groups"] = r.integer(min(moe["groups"], -(-k // size)), moe["groups"])
         data["moe"] = moe
     if r.coin(0.15) and model.get("norm") in ("pre", "sandwich") and not model.get("layernorm_scaling") \
             and model.get("qk_norm", "none") == "none" and "head_dim" not in model:  # where latent attention is valid

@@ -99,6 +99,8 @@ BAD = [
     ("model:\n  layers: 4\n  d_model: 64\n  heads: 4\n  alibi: true\n", 5, "modelled for causal attention"),
     ("model:\n  layers: 4\n  d_model: 64\n  heads: 4\n  causal: true\n  alibi: true\n  sliding_window: 8\n", 6,
      "ALiBi together with a sliding window"),
+    ("model:\n  layers: 4\n  d_model: 64\n  heads: 4\nmoe: {experts: 8, top_k: 4, groups: 4, top_groups: 1}\n", 5,
+     "must hold top_k"),
     ("", 1, "empty spec"),
     ("- 1\n- 2\n", 1, "top level must be a mapping"),
 ]

@@ -571,7 +571,8 @@ def test_t5_variants(tmp_path: Path) -> None:
 
 
 def test_deepseek_v3_mapping_and_init(tmp_path: Path) -> None:
-    """DeepSeek-V3: latent attention's widths and the MoE section field by field from the JSON, the init against the
+    """DeepSeek-V3: latent attention's widths and the MoE section (group-limited routing too) field by field from the
+    JSON, the init against the
     real model built from the same file (every matrix, router and expert at initializer_range, kv_b_proj's key and
     value rows alike), and yarn's mscale^2 on the logits' scale."""
     torch = pytest.importorskip("torch")
@@ -589,7 +590,7 @@ def test_deepseek_v3_mapping_and_init(tmp_path: Path) -> None:
     assert spec.d_head == c["qk_nope_head_dim"] + c["qk_rope_head_dim"]
     assert spec.softmax_scale == pytest.approx(spec.d_head ** -0.5, rel=1e-12)
     assert spec.fan_in("k") == spec.fan_in("v") == A.kv_rank and spec.fan_in("o") == spec.heads * A.v_dim
-    assert "group-limited routing" in "\n".join(notes)
+    assert (E.groups, E.top_groups) == (c["n_group"], c["topk_group"])
     torch.manual_seed(0)
     model = transformers.AutoModel.from_config(transformers.AutoConfig.from_pretrained(DATA / "deepseek_v3"))
     for n, p in model.named_parameters():

@@ -82,6 +82,7 @@ OPERATIONS = {
     "moe-softmax": lambda: _moe(),  # Mixtral: top-k renormalised
     "moe-softmax-unnormalised": lambda: _moe(experts=6, top_k=3, normalize=False),  # Qwen3-MoE's default
     "moe-sigmoid-shared": lambda: _moe(router="sigmoid", scale=2.5, shared_experts=1),  # DeepSeek-V3
+    "moe-sigmoid-groups": lambda: _moe(experts=8, top_k=2, router="sigmoid", scale=2.5, groups=4, top_groups=2),
     "residual-mlp": lambda: Residual(0.8, ((0.6, (_mlp("relu", init={"std": 0.09}),)),)),
     "residual-pre-norm": lambda: Residual(1.0, ((1.0, (Norm(), _mlp("gelu", init={"std": 0.09}), Dropout(0.1))),)),
     "residual-sandwich": lambda: Residual(1.0, ((1.0, (Norm("rmsnorm"), _mlp("swiglu", init={"std": 0.09}),

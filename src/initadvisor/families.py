@@ -642,7 +642,8 @@ def _deepseek_v3(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     """DeepSeek-V3: Llama's pre-norm block with multi-head latent attention (the `latent_attention` section; the
     logits scaled by qk_head_dim^-1/2 times yarn's mscale^2 where rope_parameters set mscale_all_dim) and, from block
     first_k_dense_replace + 1 on, a mixture of experts: sigmoid router, top-k renormalised (norm_topk_prob) times
-    routed_scaling_factor, n_shared_experts always on; every matrix and the router at initializer_range."""
+    routed_scaling_factor within the best topk_group of n_group expert groups, n_shared_experts always on; every
+    matrix and the router at initializer_range."""
     g = cfg.get
     layers, d, heads, d_ff = _shape(cfg)
     act = _activation(cfg, "hidden_act", "silu", True, notes)
@@ -672,10 +673,8 @@ def _deepseek_v3(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     std = _init_std(cfg, notes)
     experts = g("n_routed_experts", "posint", 256, spec_key="moe.experts", aliases=("num_local_experts",))
     top_k = g("num_experts_per_tok", "posint", 8, spec_key="moe.top_k")
-    groups, top_groups = g("n_group", "posint", 8), g("topk_group", "posint", 4)
-    if groups > 1 and top_groups < groups:
-        notes.append(f"group-limited routing (top_k {top_k} within the best {top_groups} of {groups} expert groups) is "
-                     "modelled as top-k over all experts (the router's scores are i.i.d. at init)")
+    groups = g("n_group", "posint", 8, spec_key="moe.groups")
+    top_groups = g("topk_group", "posint", 4, spec_key="moe.top_groups")
     first_dense = g("first_k_dense_replace", "any", 3)
     first_dense = first_dense if isinstance(first_dense, int) and not isinstance(first_dense, bool) else 3
     moe = {"experts": experts, "top_k": top_k, "router": "sigmoid",
@@ -683,7 +682,7 @@ def _deepseek_v3(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
            "scale": g("routed_scaling_factor", "float", 2.5, spec_key="moe.scale"),
            "d_ff": g("moe_intermediate_size", "posint", 2048, spec_key="moe.d_ff"),
            "shared_experts": g("n_shared_experts", "any", 1), "dense_blocks": list(range(1, min(first_dense, layers) + 1)),
-           "router_std": std}
+           "router_std": std, "groups": groups, "top_groups": top_groups}
     if not (isinstance(moe["shared_experts"], int) and not isinstance(moe["shared_experts"], bool)
             and moe["shared_experts"] >= 0):
         raise cfg.error("expected a whole number >= 0", "n_shared_experts")

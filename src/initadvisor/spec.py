@@ -57,6 +57,8 @@ class Experts:
     shared: int = 0  # always-on experts of width d_ff, added unweighted
     dense_blocks: tuple[int, ...] = ()  # blocks (from 1) with the dense MLP of model.d_ff instead
     router_std: float = 0.02
+    groups: int = 1  # group-limited routing: experts in groups, the top k within the best top_groups (DeepSeek-V3)
+    top_groups: int = 1
 
 
 @dataclass(frozen=True)
@@ -246,7 +248,7 @@ class Spec:
                 "experts": self.moe.experts, "top_k": self.moe.top_k, "router": self.moe.router,
                 "normalize": self.moe.normalize, "scale": self.moe.scale, "d_ff": self.moe.d_ff,
                 "shared_experts": self.moe.shared, "dense_blocks": list(self.moe.dense_blocks),
-                "router_std": self.moe.router_std}}),
+                "router_std": self.moe.router_std, "groups": self.moe.groups, "top_groups": self.moe.top_groups}}),
             **({} if self.latent is None else {"latent_attention": {
                 "q_rank": self.latent.q_rank, "kv_rank": self.latent.kv_rank, "nope_dim": self.latent.nope_dim,
                 "rope_dim": self.latent.rope_dim, "v_dim": self.latent.v_dim, "down_std": self.latent.down_std}}),
@@ -292,7 +294,8 @@ SCHEMA: dict[str, Any] = {
     "residual": {"attention": _RES, "mlp": _RES, "depth_alpha": "alpha"},
     "thresholds": {k: "threshold" for k in THRESHOLDS},
     "moe": {"experts": "posint", "top_k": "posint", "router": ROUTERS, "normalize": "bool", "scale": "pos",
-            "d_ff": "posint?", "shared_experts": "count", "dense_blocks": "blocks", "router_std": "pos?"},
+            "d_ff": "posint?", "shared_experts": "count", "dense_blocks": "blocks", "router_std": "pos?",
+            "groups": "posint", "top_groups": "posint"},
     "latent_attention": {"q_rank": "posint?", "kv_rank": "posint", "nope_dim": "posint", "rope_dim": "count",
                          "v_dim": "posint", "down_std": "pos?"},
     "select": "codes",
@@ -583,11 +586,18 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
         if beyond:
             raise _fail(f"block {beyond[0]} is beyond the model's {m['layers']} layers", "moe.dense_blocks", lines,
                         fname)
+        groups, top_groups = moe.get("groups", 1), moe.get("top_groups", 1)
+        if moe["experts"] % groups or (groups > 1 and moe["experts"] // groups < 2):
+            raise _fail(f"must divide the {moe['experts']} experts into groups of at least 2", "moe.groups", lines,
+                        fname)
+        if top_groups > groups or moe.get("top_k", 1) > top_groups * (moe["experts"] // groups):
+            raise _fail(f"top_groups {top_groups} of {groups} groups must hold top_k {moe.get('top_k', 1)} experts",
+                        "moe.top_groups", lines, fname)
         moe = Experts(experts=moe["experts"], top_k=moe.get("top_k", 1), router=moe.get("router", "softmax"),
                       normalize=moe.get("normalize", True), scale=float(moe.get("scale", 1.0)),
                       d_ff=moe.get("d_ff") or d_ff, shared=moe.get("shared_experts", 0),
                       dense_blocks=tuple(sorted(moe.get("dense_blocks", []))),
-                      router_std=float(moe.get("router_std") or default_std))
+                      router_std=float(moe.get("router_std") or default_std), groups=groups, top_groups=top_groups)
     ra, rm = data.get("residual", {}).get("attention", {}), data.get("residual", {}).get("mlp", {})
     rho = s.get("input_correlation", "auto")
     spec = Spec(

@@ -43,7 +43,8 @@ def block_params(spec, moe: bool = False) -> BlockParams:
         E = spec.moe
         P = block_params(replace(spec, d_ff=E.d_ff))
         return replace(P, experts=E.experts, top_k=E.top_k, router=E.router, route_norm=E.normalize,
-                       route_scale=E.scale, shared_experts=E.shared, g_r=E.router_std**2 * spec.d_model,
+                       route_scale=E.scale, route_groups=E.groups, route_top_groups=E.top_groups,
+                       shared_experts=E.shared, g_r=E.router_std**2 * spec.d_model,
                        init={**P.init, "router": (E.router_std, 0.0)})
     sq = init["q"].std
     P = BlockParams(

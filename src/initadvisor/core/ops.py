@@ -96,6 +96,8 @@ class BlockParams:
     router: str = "softmax"
     route_norm: bool = True
     route_scale: float = 1.0
+    route_groups: int = 1  # group-limited routing (DeepSeek-V3): experts in this many groups, top k within the best
+    route_top_groups: int = 1  # this many groups (routing.chosen_groups)
     shared_experts: int = 0  # always-on experts added unweighted (DeepSeek)
     g_r: object = 0.0  # router gain, std^2 x d
 
@@ -1179,7 +1181,8 @@ class MoE:
         P = self.P
         with np.errstate(divide="ignore", invalid="ignore"):
             rho = p / q
-        return routing.statistics(P.experts, P.top_k, P.router, P.route_norm, P.route_scale, P.g_r * q, rho)
+        return routing.statistics(P.experts, P.top_k, P.router, P.route_norm, P.route_scale, P.g_r * q, rho,
+                                  P.route_groups, P.route_top_groups)
 
     def moments(self, q, p):
         """routing's q_y = A q_f, p_y = B p_f; a shared expert adds its own (q_f, p_f)."""
@@ -1226,7 +1229,8 @@ class MoE:
 
     def forward(self, u, W, rng):
         P, w = self.P, W[id(self)]
-        r = routing.weights(u @ w["w_router"], P.top_k, P.router, P.route_norm, P.route_scale)
+        r = routing.weights(u @ w["w_router"], P.top_k, P.router, P.route_norm, P.route_scale, P.route_groups,
+                            P.route_top_groups)
         y, caches, outs = 0.0, [], []
         for j, (pre, mlp) in enumerate(self._members()):
             f, c = mlp.apply(u, {k[len(pre):]: v for k, v in w.items() if k.startswith(pre)})
@@ -1264,7 +1268,14 @@ class MoE:
         import torch
 
         P, logits = self.P, m.router(u)
-        mask = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, logits.topk(P.top_k, dim=-1).indices, True)
+        pick = logits
+        if P.route_groups > 1:  # routing.chosen_groups
+            prob = logits.softmax(-1) if P.router == "softmax" else torch.sigmoid(logits)
+            score = prob.unflatten(-1, (P.route_groups, -1)).topk(2, dim=-1).values.sum(-1)
+            keep = torch.zeros_like(score, dtype=torch.bool).scatter(-1, score.topk(P.route_top_groups, -1).indices,
+                                                                       True)
+            pick = logits.masked_fill(~keep.repeat_interleave(P.experts // P.route_groups, -1), -torch.inf)
+        mask = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, pick.topk(P.top_k, dim=-1).indices, True)
         if P.router == "softmax":
             w = (logits.masked_fill(~mask, -torch.inf).softmax(-1) if P.route_norm
                  else logits.softmax(-1) * mask)

@@ -24,13 +24,37 @@ _DRAWS = 1 << 14  # logits drawn per angle (E per token): A, B within about 1% a
 _SEED = 20261124
 
 
-def weights(logits: np.ndarray, k: int, router: str, normalize: bool, scale: float):
+def chosen_groups(logits: np.ndarray, router: str, groups: int, top_groups: int) -> np.ndarray:
+    """DeepSeek-V3's group-limited routing: the experts in consecutive groups of E / groups, each group scored by the
+    sum of its two best router probabilities (sigmoid, or softmax over all experts), the top_groups best kept; a
+    mask (..., E) of the experts the top k is taken from."""
+    E = logits.shape[-1]
+    if router == "softmax":
+        e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        prob = e / e.sum(axis=-1, keepdims=True)
+    else:
+        with np.errstate(over="ignore"):
+            prob = 1.0 / (1.0 + np.exp(-logits))
+    g = prob.reshape(*prob.shape[:-1], groups, E // groups)
+    score = -np.partition(-g, 1, axis=-1)[..., :2].sum(axis=-1)
+    best = np.argpartition(-score, top_groups - 1, axis=-1)[..., :top_groups]
+    keep = np.zeros(score.shape, dtype=bool)
+    np.put_along_axis(keep, best, True, axis=-1)
+    return np.repeat(keep, E // groups, axis=-1)
+
+
+def weights(logits: np.ndarray, k: int, router: str, normalize: bool, scale: float, groups: int = 1,
+            top_groups: int = 1):
     """(w, a, b, c) for logits (..., E): the routing weights (zero off each token's top k) and the factors of their
     Jacobian dw_j/dl_e = a_j [j = e] - b_j c_e. softmax: w = softmax(l) on the top k (renormalised there when
     `normalize`, Mixtral; else the full softmax's values, Qwen3-MoE's default); sigmoid (DeepSeek-V3): sigmoid(l) on
     the top k, divided by their sum when `normalize`. Both times `scale`. The top k of the probabilities are the top
-    k of the logits (monotone maps)."""
-    top = np.argpartition(-logits, k - 1, axis=-1)[..., :k]
+    k of the logits (monotone maps); with groups > 1, within the chosen groups (chosen_groups)."""
+    if groups > 1:
+        pick = np.where(chosen_groups(logits, router, groups, top_groups), logits, -np.inf)
+        top = np.argpartition(-pick, k - 1, axis=-1)[..., :k]
+    else:
+        top = np.argpartition(-logits, k - 1, axis=-1)[..., :k]
     m = np.zeros(logits.shape, dtype=bool)
     np.put_along_axis(m, top, True, axis=-1)
     if router == "softmax":
@@ -62,15 +86,17 @@ def logit_gradient(dw: np.ndarray, a, b, c) -> np.ndarray:
 
 
 @lru_cache(maxsize=256)
-def _table(E: int, k: int, router: str, normalize: bool, scale: float, s: float) -> tuple[np.ndarray, np.ndarray]:
+def _table(E: int, k: int, router: str, normalize: bool, scale: float, s: float, groups: int = 1,
+           top_groups: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """(B, F_x) at each of _ANGLES; angle 0 gives A and F."""
     n = max(_DRAWS // E, 32)
     rng = np.random.default_rng(_SEED)
     z1, z2 = rng.standard_normal((2, n, E))
-    wa, aa, ba, ca = weights(s * z1, k, router, normalize, scale)
+    wa, aa, ba, ca = weights(s * z1, k, router, normalize, scale, groups, top_groups)
     B, F = np.empty(_ANGLES.size), np.empty(_ANGLES.size)
     for i, t in enumerate(_ANGLES):
-        wb, ab, bb, cb = weights(s * (np.cos(t) * z1 + np.sin(t) * z2), k, router, normalize, scale)
+        wb, ab, bb, cb = weights(s * (np.cos(t) * z1 + np.sin(t) * z2), k, router, normalize, scale, groups,
+                                 top_groups)
         B[i] = (wa * wb).sum(axis=-1).mean()
         F[i] = ((aa * ab).sum(-1) - (aa * bb * cb).sum(-1) - (ba * ca * ab).sum(-1)
                 + (ba * bb).sum(-1) * (ca * cb).sum(-1)).mean()
@@ -84,13 +110,14 @@ _LOG_S = (-3.0, 3.0)  # s clipped to [1e-3, 1e3]: uniform weights (to 0.1%) belo
 _CHUNK = 1 << 16  # statistics evaluates at most this many points at once
 
 
-def statistics(E: int, k: int, router: str, normalize: bool, scale: float, s2, rho):
+def statistics(E: int, k: int, router: str, normalize: bool, scale: float, s2, rho, groups: int = 1,
+               top_groups: int = 1):
     """(A, B, F, F_x) at logit variance s2 = g_r q and token correlation rho (arrays broadcast)."""
     s2, rho = np.broadcast_arrays(np.asarray(s2, dtype=float), np.asarray(rho, dtype=float))
     shape = s2.shape
     if s2.size > _CHUNK:  # a long causal sequence's positions: bounded temporaries
         n = s2.size // _CHUNK + 1
-        parts = [statistics(E, k, router, normalize, scale, a, b)
+        parts = [statistics(E, k, router, normalize, scale, a, b, groups, top_groups)
                  for a, b in zip(np.array_split(s2.ravel(), n), np.array_split(rho.ravel(), n))]
         return tuple(np.concatenate([p[i] for p in parts]).reshape(shape) for i in range(4))
     with np.errstate(divide="ignore"):
@@ -100,7 +127,7 @@ def statistics(E: int, k: int, router: str, normalize: bool, scale: float, s2, r
     t = np.arccos(np.clip(np.nan_to_num(rho.ravel(), nan=0.0), -1.0, 1.0))
     out = np.zeros((4, x.size))
     for i in np.unique(np.concatenate([lo, lo + 1])):
-        B, F = _table(E, k, router, normalize, float(scale), float(10 ** (i / _STEPS)))
+        B, F = _table(E, k, router, normalize, float(scale), float(10 ** (i / _STEPS)), groups, top_groups)
         w = np.where(lo == i, 1.0 - frac, 0.0) + np.where(lo + 1 == i, frac, 0.0)
         out += w * np.array([np.full(x.size, B[0]), np.interp(t, _ANGLES, B), np.full(x.size, F[0]),
                              np.interp(t, _ANGLES, F)])
