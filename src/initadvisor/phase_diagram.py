@@ -78,6 +78,9 @@ AXES = {
 }
 
 
+MAXIMUM = {"beta": 1e6, "alpha_sa": 1e6, "alpha_mlp": 1e6, "depth": 200_000, "seq_len": 1e7}
+
+
 def _err(message: str, option: str) -> UsageError:
     return UsageError(message, option)
 
@@ -130,6 +133,8 @@ def axis_values(spec, name: str, n: int, rng=None, option: str = "--x") -> np.nd
         raise _err(f"{name} range needs A < B, got [{lo:g}, {hi:g}]", where)
     if lo < ax.minimum or (ax.strict and lo <= ax.minimum):
         raise _err(f"{name} must be {'>' if ax.strict else '>='} {ax.minimum:g}, got {lo:g}", where)
+    if rng is not None and hi > MAXIMUM[name]:  # a given range: the spec's own bounds (1e6 for the scales)
+        raise _err(f"{name} must be at most {MAXIMUM[name]:g}, got {hi:g}", where)
     v = np.geomspace(lo, hi, n) if ax.scale == "log" else np.linspace(lo, hi, n)
     if ax.integer:
         v = np.unique(np.round(v).astype(int))
