@@ -22,6 +22,9 @@ The mappings follow what `transformers` (5.x) does when it builds a randomly ini
 * Mixtral's and Qwen3-MoE's experts are stacked 3-D parameters (experts, out, in) and their routers Linear
   layers, all drawn with initializer_range; OPT draws everything with init_std; Falcon fuses q, k and v per K/V
   group (one group for multi-query);
+* T5 draws with its own rule (`T5PreTrainedModel._init_weights`: q (d d_kv)^-1/2, k, v, wi d^-1/2, o (H d_kv)^-1/2, wo
+  d_ff^-1/2, embeddings N(0, 1)); DeepSeek-V3 and BLOOM use the plain rule for every matrix, the router and the
+  stacked experts (DeepSeek's latent down and up projections alike);
 * the output head (`...ForCausalLM.lm_head`, GPT-NeoX's `embed_out`, BERT's MLM decoder) is the token embedding
   when `tie_word_embeddings` (default true for GPT-2 and the BERT family, false for GPT-NeoX, Llama, Mistral,
   Qwen2), else an nn.Linear with the plain rule; the decoders end in a final norm (ln_f, final_layer_norm,

@@ -4,8 +4,8 @@ The snippet is for people to paste; initadvisor never executes it. Its loop is `
 own source: `initadvisor.torch.apply` calls the same function with the numbers (`numbers(spec)`) and `RULES`,
 so a recommendation JSON can never run code and the paste and `apply` cannot drift apart. Module names
 covered: HuggingFace BERT/RoBERTa/ELECTRA, GPT-2, GPT-NeoX, the Llama family (Mistral, Qwen2/3, OLMo 2, Phi-3,
-Gemma 2/3, the experts of Mixtral and Qwen3-MoE; their routers are left to the model), OPT, Falcon, ModernBERT,
-and nanoGPT.
+Gemma 2/3, the experts of Mixtral and Qwen3-MoE; their routers are left to the model), OPT, Falcon, BLOOM,
+ModernBERT, T5, DeepSeek-V3 (its latent projections: kv_b_proj split into key and value rows), and nanoGPT.
 The rules live here, not in `initadvisor.families`, because the snippet prints them and must not import
 initadvisor; each registry entry there names the rules its family's modules match.
 """
