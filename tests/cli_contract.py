@@ -51,7 +51,8 @@ HF_VALUES = [0, -1, 1, 2, 3, 7, 64, 10**7, 10**8, 2**63, 10**400, 0.5, 1e-9, 1e3
 TIMEOUT_S = 60
 MEMORY_S = 2 << 30  # address space a CLI call may add (a sound analysis needs megabytes)
 NONFINITE = re.compile(r"(?<![\w.])[-+]?(nan|inf|infinity)(?!\w)", re.I)
-BIGNUM = re.compile(r"(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)[eE]\+?(\d{3,})|\d{201,}")
+BIGNUM = re.compile(r"(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)[eE]\+?(\d{3,})(?!\w)|\d{201,}")  # not in a word
+# (a temporary path's run00434-23e547x9 is no number)
 
 
 # --------------------------------------------------------------------------------------------- random inputs
@@ -319,6 +320,7 @@ def axis_range(r, axis: str) -> list[str]:
         return [repr(lo), repr(lo * r.real(1.01, 100.0, log=True))]
     if axis in ("alpha_sa", "alpha_mlp"):
         lo = r.real(0.0, 5.0)
+        lo = lo if lo >= 1e-12 else 0.0  # range ends are 0 or at least 1e-12 (README, diagram)
         return [repr(lo), repr(lo + r.real(0.01, 10.0, log=True))]
     if axis == "depth":
         lo = r.integer(1, 20)

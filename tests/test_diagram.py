@@ -141,6 +141,7 @@ def test_seq_len_keeps_beta_fixed():
     (dict(y="seq_len", y_range=(100, 100.4)), "--y-range"),
     (dict(x="alpha_mlp", x_range=(0.0, 1e300)), "--x-range"),  # fuzz seed 41: 1e300 reached the plot as null
     (dict(y="depth", y_range=(1, 1e7)), "--y-range"), (dict(y="seq_len", y_range=(2, 1e8)), "--y-range"),
+    (dict(x="alpha_mlp", x_range=(4.3e-298, 0.08)), "--x-range"),  # hypothesis: the grid's first value printed null
 ])
 def test_bad_arguments(kw, option):
     with pytest.raises(SpecError) as e:

@@ -135,6 +135,8 @@ def axis_values(spec, name: str, n: int, rng=None, option: str = "--x") -> np.nd
         raise _err(f"{name} must be {'>' if ax.strict else '>='} {ax.minimum:g}, got {lo:g}", where)
     if rng is not None and hi > MAXIMUM[name]:  # a given range: the spec's own bounds (1e6 for the scales)
         raise _err(f"{name} must be at most {MAXIMUM[name]:g}, got {hi:g}", where)
+    if rng is not None and any(0 < abs(x) < 1e-12 for x in (lo, hi)):  # (a report prints nothing under 1e-200)
+        raise _err(f"{name} range ends must be 0 or at least 1e-12, got [{lo:g}, {hi:g}]", where)
     v = np.geomspace(lo, hi, n) if ax.scale == "log" else np.linspace(lo, hi, n)
     if ax.integer:
         v = np.unique(np.round(v).astype(int))
