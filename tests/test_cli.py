@@ -101,6 +101,9 @@ BAD = [
      "ALiBi together with a sliding window"),
     ("model:\n  layers: 4\n  d_model: 64\n  heads: 4\nmoe: {experts: 8, top_k: 4, groups: 4, top_groups: 1}\n", 5,
      "must hold top_k"),
+    ("model:\n  layers: 4\n  d_model: 64\n  heads: 4\n  alibi_scale: 0.5\n", 5, "set model.alibi: true"),
+    ("model:\n  layers: 4\n  d_model: 64\n  heads: 4\nmoe: {experts: 6, groups: 4}\n", 5, "groups of at least 2"),
+    ("model:\n  layers: 4\n  d_model: 64\n  heads: 4\nmlp_dropout: 1.0\n", 5, "probability"),
     ("", 1, "empty spec"),
     ("- 1\n- 2\n", 1, "top level must be a mapping"),
 ]

@@ -270,15 +270,17 @@ def test_depth_scalings_match_the_numpy_network(extra):
 def test_alibi_matches_the_numpy_network(heads):
     """ALiBi (BLOOM's slopes: one head of 4 attends within about 8 keys, the last about 512) on an attention-led stack
     (value gain 4): position-resolved rows weighted e^(-m_h (t - s)) against the numpy network's biased logits at
-    every layer (12 seeds x 2 sequences): rho within 0.016 and q within 4% measured, decided within tolerance; with the
-    biases left out rho is 0.2 higher."""
+    every layer (12 seeds x 2 sequences): rho within 0.016, q within 4% and the gradient within 6% measured, decided
+    within tolerance; with the biases left out rho is 0.2 higher."""
     data = {"model": {"layers": 8, "d_model": 128, "heads": heads, "norm": "pre", "causal": True, "alibi": True,
                       "activation": "gelu"},
             "sequence": {"length": 64, "vocab": 500}, "init": {"std": 0.05, "v": {"gain": 4.0}}}
     spec = build_spec(data)
     rep = initadvisor.verify(spec, seeds=12, batch=2).data
-    assert not set(rep["failed"]) & {"q", "rho"}, rep["reason"]
+    assert not set(rep["failed"]) & {"q", "rho", "grad_q"}, rep["reason"]
+    # measured: rho 0.015, q 3-4%, gradient 6% (the backward 1.3x off fails at 38%)
     assert rep["max_error"]["rho"] <= 0.03 and rep["max_error"]["q"] <= 0.06, rep["max_error"]
+    assert rep["max_error"]["grad_q"] <= 0.15, rep["max_error"]
     plain = build_spec({**data, "model": {**data["model"], "alibi": False}})
     measured = np.array([r["rho"]["measured"] for r in rep["layers"]])
     assert np.max(np.array([r["rho"] for r in initadvisor.check(plain).data["layers"]]) - measured) > 0.15

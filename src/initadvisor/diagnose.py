@@ -135,7 +135,7 @@ def notes(spec) -> list[str]:
         return [f"ALiBi: its rows are resolved per position up to (layers + 1) x T^2 = {WINDOW_CELLS:.0e} and (layers "
                 f"+ 1) x heads x T^3 = {ALIBI_FLOPS:.0e} (here T = {T}; --seq-len {most} fits): the position-resolved "
                 "prediction is skipped, and the late-token pair (each head a window of its effective keys coth(m_h / "
-                "2)) stands in"]
+                "2)) stands in: within 0.12 of the resolved late third's rho"]
     if spec.sliding_window and spec.sliding_window < T and (spec.layers + 1) * T * T > WINDOW_CELLS:
         most = int((WINDOW_CELLS / (spec.layers + 1)) ** 0.5)
         return [f"sliding window: its rows are resolved per position up to (layers + 1) x T^2 = {WINDOW_CELLS:.0e} "

@@ -479,7 +479,7 @@ class AttentionCache:
     mom_b: tuple  # the backward's: a sliding window's rows overlap on their own keys
     qk: tuple  # the query/key path's gains on the gradient's q (Attention._qk_gain)
     qk_share: object = 0.0  # set by the backward: the share of the gradient's q at the input through that path
-    heads: tuple = ()  # ALiBi: per distinct head, (its window-equivalent operation, its cache)
+    heads: tuple = ()  # ALiBi: per distinct head, (its window-equivalent operation, its cache, its share of the heads)
 
 
 @dataclass(frozen=True)
@@ -524,19 +524,24 @@ class Attention:
                                       self._qk_gain(q, p, kap * p, qq, bc, y2, yp, y3, y22))
 
     def _alibi_heads(self) -> list:
-        """ALiBi's heads for the pair map: head h as a causal window of its effective keys coth(m_h / 2) (all keys
-        where that reaches T): the late-token pair of a row whose weights fall off as e^(-m_h (t - s))."""
-        keys = np.minimum(np.round(att.alibi_keys(self.P.heads, float(self.P.alibi))), 2.0**62)  # T may be a grid
-        return [Attention(replace(self.P, alibi=0.0, window=int(w))) for w in keys]
+        """ALiBi's heads for the pair map, (operation, share of the heads): head h as a causal window of its effective
+        keys coth(m_h / 2) (all keys where that reaches T: those heads are one), the late-token pair of a row whose
+        weights fall off as e^(-m_h (t - s))."""
+        P = self.P
+        keys = np.minimum(np.round(att.alibi_keys(P.heads, float(P.alibi))), 2.0**62)
+        if np.ndim(P.seq_len) == 0:  # (a grid of T keeps every head)
+            keys = np.where(keys >= P.seq_len, 0.0, keys)
+        wins, counts = np.unique(keys, return_counts=True)
+        return [(Attention(replace(P, alibi=0.0, window=int(w))), n / P.heads) for w, n in zip(wins, counts)]
 
     def _alibi_moments(self, q, p):
         """The heads' mean: each head's output moments, and its share of the output projection's sum over heads."""
         heads = self._alibi_heads()
-        outs = [h.moments(q, p) for h in heads]
-        c = outs[-1][2]
-        mean = lambda k: sum(getattr(o[2], k) for o in outs) / len(outs)  # noqa: E731
-        c = replace(c, y2=mean("y2"), yp=mean("yp"), heads=tuple((h, o[2]) for h, o in zip(heads, outs)))
-        return sum(o[0] for o in outs) / len(outs), sum(o[1] for o in outs) / len(outs), c
+        outs = [h.moments(q, p) for h, _ in heads]
+        mean = lambda x: sum(w * v for (_, w), v in zip(heads, x))  # noqa: E731
+        c = replace(outs[-1][2], y2=mean([o[2].y2 for o in outs]), yp=mean([o[2].yp for o in outs]),
+                    heads=tuple((h, o[2], w) for (h, w), o in zip(heads, outs)))
+        return mean([o[0] for o in outs]), mean([o[1] for o in outs]), c
 
     def _qk_gain(self, q, p, kp, qq, bc, y2, yp, y3, y22):
         """The query/key path of the backward: (a, a_key, b, x) with a gq + b gp its gradient q per coordinate of the
@@ -580,9 +585,10 @@ class Attention:
         gradients carry back through W_Q and W_K with random signs)."""
         P = self.P
         if c.heads:  # ALiBi: the heads' mean
-            grads = [h.moments_backward(gq, gp, hc) for h, hc in c.heads]
-            c.qk_share = sum(hc.qk_share for _, hc in c.heads) / len(c.heads)
-            return sum(g[0] for g in grads) / len(grads), sum(g[1] for g in grads) / len(grads)
+            grads = [h.moments_backward(gq, gp, hc) for h, hc, _ in c.heads]
+            c.qk_share = sum(w * hc.qk_share for _, hc, w in c.heads)
+            return sum(w * g[0] for (_, _, w), g in zip(c.heads, grads)), sum(w * g[1] for (_, _, w), g in
+                                                                          zip(c.heads, grads))
         gq, gp = P.g_o * gq, P.g_o * gp
         a, a_key, b, x = c.qk
         qk = a * gq + b * gp
