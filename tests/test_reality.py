@@ -162,12 +162,10 @@ def _result(family: str, tmp_path_factory) -> dict:
             "grad_q": np.array([r["grad_q"] for r in rep["layers"]])}  # causal: position-resolved
     t0 = time.perf_counter()
     causal = spec.causal  # the IPR is compared for the encoder only (causal rows have t + 1 keys)
-    from initadvisor.torch import _model_class
+    from initadvisor.torch import build_hf
 
-    cls = _model_class(cfg.model_type, pytest.importorskip("transformers").AutoModel)  # T5: T5EncoderModel
     impl = "sdpa" if causal and not family.startswith(("gemma2", "bloom")) else "eager"  # Gemma 2, BLOOM: no sdpa
-    model = cls.from_config(cfg, attn_implementation=impl) if cls.__name__ == "AutoModel" \
-        else cls._from_config(cfg, attn_implementation=impl)
+    model = build_hf(cfg, pytest.importorskip("transformers").AutoModel, attn_implementation=impl)  # T5: encoder
     m = measure(model, T, batch=BATCH, seeds=SEEDS, attentions=not causal)
     assert m["layers"] == L
     print(f"\n[{family}: measured in {time.perf_counter() - t0:.1f} s]")

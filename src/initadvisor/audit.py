@@ -698,13 +698,12 @@ def audit_config(path: str | os.PathLike, layers: int = 2, seed: int = 0) -> Aud
         kinds = getattr(config, "layer_types", None)
         if isinstance(kinds, list) and kinds:  # per-layer attention kinds (Qwen2): repeated over the new depth
             config.layer_types = [kinds[i % len(kinds)] for i in range(layers)]
-        from initadvisor.torch import _model_class
+        from initadvisor.torch import build_hf
 
-        auto = _model_class(config.model_type, AutoModelForCausalLM if spec.causal else AutoModelForMaskedLM)
+        auto = AutoModelForCausalLM if spec.causal else AutoModelForMaskedLM
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = auto.from_config(config) if auto.__module__.startswith("transformers.models.auto") \
-                else auto._from_config(config)
+            model = build_hf(config, auto)
     except Exception as e:  # noqa: BLE001
         raise SpecError(one_line(f"transformers cannot build this model: {type(e).__name__}: {e}")[:300],
                         fname) from None

@@ -44,7 +44,7 @@ from initadvisor.families import ATTN_DROPOUT_KEYS, BLOCK_PATHS
 from initadvisor.simulate import mean_se, ratio_se
 
 __all__ = ["measure", "find_blocks", "reinit", "sample_tokens", "measure_spec", "measure_hf_config", "apply",
-           "SpecModel", "OpModule", "audit"]
+           "SpecModel", "OpModule", "audit", "build_hf"]
 
 
 def find_blocks(model: nn.Module) -> nn.ModuleList:
@@ -362,11 +362,9 @@ def measure_hf_config(source, spec, seeds: int = 3, batch: int = 2, device: str 
     from initadvisor.spec import SpecError, one_line
 
     def build() -> nn.Module:
-        cls = _model_class(config.model_type, AutoModel)
         # eager attention returns the probabilities (the IPR); Falcon's eager path adds ALiBi twice: sdpa there
         impl = "sdpa" if config.model_type == "falcon" and getattr(config, "alibi", False) else "eager"
-        return cls.from_config(config, attn_implementation=impl).to(device) if cls is AutoModel \
-            else cls._from_config(config, attn_implementation=impl).to(device)
+        return build_hf(config, AutoModel, attn_implementation=impl).to(device)
 
     where = "<config>"
     try:  # transformers validates the config its own way: what it refuses is the input's fault, in one line
@@ -384,14 +382,15 @@ def measure_hf_config(source, spec, seeds: int = 3, batch: int = 2, device: str 
     return measure(build, seq_len=spec.seq_len, batch=batch, seeds=seeds, device=device)
 
 
-def _model_class(model_type: str, auto):
-    """The class that builds a family's modelled stack: `auto`, or the family's own (T5: T5EncoderModel)."""
+def build_hf(config, auto, **kw) -> nn.Module:
+    """A family's modelled stack from its config: the family's own class where the Auto classes build another (T5:
+    T5EncoderModel, `families.Family.model_class`), else `auto`'s; `kw` to from_config."""
     import transformers
 
     from initadvisor.families import FAMILIES
 
-    name = getattr(FAMILIES.get(model_type), "model_class", None)
-    return getattr(transformers, name) if name else auto
+    name = getattr(FAMILIES.get(config.model_type), "model_class", None)
+    return getattr(transformers, name)._from_config(config, **kw) if name else auto.from_config(config, **kw)
 
 
 def apply(model: nn.Module, recommendation: dict) -> list[dict[str, Any]]:
