@@ -144,14 +144,14 @@ def test_causal_recipe_is_judged_on_its_own_per_layer_model():
     from initadvisor.core.causal import propagate_overlaps
     from initadvisor.core.ops import block
     from initadvisor.diagnose import analyse, diagnose
-    from initadvisor.stack import block_params, input_moments
+    from initadvisor.stack import from_spec, input_moments
 
     spec = load_spec(ROOT / "model_specs" / "gpt2-small.yaml")
     recipe = R.recipe_deepscalelm(spec, R.dslm(spec, 2.0))
     assert recipe.per_layer  # the case in question: values the spec format cannot hold
-    P = block_params(recipe.spec)
+    own = from_spec(recipe.spec).layers  # the spec's blocks (block 1 reads the tokens' repeats), no per-layer values
     hand = [block(replace(P, g_v=float(gv), g_o=float(go)))
-            for gv, go in zip(recipe.per_layer["g_v"], recipe.per_layer["g_o"])]
+            for P, gv, go in zip(own, recipe.per_layer["g_v"], recipe.per_layer["g_o"])]
     want = propagate_overlaps(hand, *input_moments(recipe.spec), spec.seq_len).rho_thirds[-1, 2]
     a = analyse(recipe.spec, recipe.stack())
     assert a.ct.rho_thirds[-1, 2] == pytest.approx(want, rel=1e-12)

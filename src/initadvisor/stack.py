@@ -109,6 +109,9 @@ def from_spec(spec, per_layer: dict[str, np.ndarray] | None = None, **fields) ->
         local = {id(B): replace(B, window=spec.sliding_window) for B in base}  # repeated layers share one
         base = tuple(local[id(B)] if spec.window_blocks is None or i + 1 in spec.window_blocks else B
                      for i, B in enumerate(base))
+    if spec.input_correlation is None and "token" in spec.embeddings and spec.causal:  # block 1 reads the tokens
+        share = (1.0 - embeddings(spec).dropout) / len(spec.embeddings)
+        base = (replace(base[0], repeat_vocab=spec.vocab, repeat_rho=share),) + base[1:]
     if per_layer:
         layers = tuple(replace(base[i], **fields, **{k: float(v[i]) for k, v in per_layer.items()})
                        for i in range(spec.layers))

@@ -66,6 +66,7 @@ import numpy as np
 
 from initadvisor.core import attention as att
 from initadvisor.core import kernels
+from initadvisor.core.softmax_rows import expected_y
 
 __all__ = ["CausalTrace", "propagate_overlaps", "pair_kernel", "thirds", "summarize",
            "rem_rows", "group_edges"]
@@ -344,26 +345,19 @@ def pair_kernel(act: str, C: np.ndarray) -> np.ndarray:
 
 
 def rem_rows(beta, bc: np.ndarray, lnT: float, m: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(Y2_m, v_m) of attention row m with m keys: attention.participation at T = m, vectorised over rows.
-
-    The row's score variance is beta^2 ln T q_query (qbar_m - pbar_m) = 2 ln T (beta/bc_m)^2 (beta is defined
-    with the spec's ln T), i.e. Giorlandino-Goldt's beta at m keys is beta_m = beta sqrt(ln T / ln m).
-    Annealed e^v / m for x = beta_m / bc_m <= 1/2 (v frozen at x = 1/2 beyond), REM 1 - 1/x (001 eq. 12),
-    the larger of the two, at most 1; a row with one key has Y2 = 1. (The exact finite-m law, softmax_rows, is
-    what the pair engine uses; here it brings localized rows' rho from 0.18 to 0.06 of the Monte-Carlo but moves
-    uniform-phase rows 0.005-0.02 the wrong way, and Qwen3's late third to 0.060: kept until the rows' annealed
-    overlap e^(rho v) / max(m, n) is made exact too.)"""
+    """(Y2_m, v_m) of attention row m with m keys, vectorised over rows: Y2 exact at m keys (softmax_rows) for the
+    row's score variance beta^2 ln T q_query (qbar_m - pbar_m) = 2 ln T (beta/bc_m)^2 (beta is defined with the
+    spec's ln T); v_m the annealed variance 2 x^2 ln m at x = beta_m / bc_m, beta_m = beta sqrt(ln T / ln m), frozen
+    at x = 1/2 beyond, which two rows' overlap e^(rho v) / max(m, n) reads. A row with one key has Y2 = 1."""
     if m is None:
         m = np.arange(1, bc.shape[0] + 1, dtype=float)
     lnm = np.log(m)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        x = float(beta) * math.sqrt(lnT) / (bc * np.sqrt(lnm))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        s = float(beta) * math.sqrt(2.0 * lnT) / bc
+        x = s / np.sqrt(2.0 * lnm)
     one = m <= 1
-    x = np.where(one, np.inf, x)
-    xc = np.minimum(x, 0.5)
-    v = np.where(one, 0.0, 2.0 * xc**2 * lnm)
-    loc = np.maximum(1.0 - 1.0 / np.maximum(x, 1e-300), 0.0)
-    y2 = np.where(one, 1.0, np.minimum(np.maximum(np.exp(v) / m, loc), 1.0))
+    v = np.where(one, 0.0, 2.0 * np.minimum(np.where(one, 0.0, x), 0.5) ** 2 * lnm)
+    y2 = np.where(one, 1.0, expected_y(np.where(np.isnan(s), np.nan, np.minimum(s, 1e300)), m)[0])
     return y2, v
 
 

@@ -100,6 +100,8 @@ class BlockParams:
     route_top_groups: int = 1  # this many groups (routing.chosen_groups)
     shared_experts: int = 0  # always-on experts added unweighted (DeepSeek)
     g_r: object = 0.0  # router gain, std^2 x d
+    repeat_vocab: int = 0  # token repeats (block 1 of a token-input model): ids i.i.d. Zipf over this vocabulary
+    repeat_rho: float = 0.0  # the correlation two positions holding one token share beyond the average pair's
 
     @property
     def d_head(self) -> int:
@@ -671,10 +673,32 @@ class Attention:
             U[np.diag_indices(K)] = SPd * G.A2 + 2.0 * rd * G.Bt + pd * G.E + F
             out += g_v * U + b_v2
             diag += g_v * tot / (m * m) + b_v2
+        diag += g_v * P.repeat_rho * qbar * self._repeats(bc, lnT, m, qbar, kbar)
         out[G.single, G.single] = 0.0
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
         qk = (lnT, m, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0))
         return O, cz.AttentionRows(y2, bc, O.qf, qk, overlap=overlap, shared=shared)
+
+    def _repeats(self, bc, lnT, m, qbar, kbar):
+        """Per row of m keys: the mass its same-token key pairs carry beyond the mean-field law's
+        (repeats.repeat_excess), at the rows' median score std and same-token score correlation, the token's share
+        of the keys' spread (rotary: x kappa, as the common part), on 8 row lengths; 0 without repeats."""
+        P = self.P
+        if not P.repeat_vocab or len(m) < 3:
+            return 0.0
+        from initadvisor.core.repeats import repeat_excess
+
+        kap = att.rope_rows(len(m), P.d_head, P.rope_theta, P.rope_fraction)[m.astype(int) - 1] if P.rope_theta \
+            else 1.0
+        two = m >= 2
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sig = np.median((float(P.beta) * math.sqrt(2.0 * lnT) / bc)[two])
+            c = np.median((P.repeat_rho * qbar * kap / (qbar - kbar))[two])
+        if not (np.isfinite(sig) and np.isfinite(c) and sig * sig * c > 1e-4):  # none, or below 1e-4 of a pair's
+            return 0.0
+        lengths = np.unique(np.round(np.geomspace(2, m.max(), 8)))
+        ex = repeat_excess(int(P.repeat_vocab), lengths, float(sig), float(np.clip(c, 0.0, 1.0)))
+        return np.where(two, np.interp(np.log(np.maximum(m, 1.0)), np.log(lengths), ex), 0.0)
 
     def _qk_rows(self, bc, lnT, m, qq, spread_k, common_q, spread_v):
         """The query/key path's gains per causal row t (t keys), as _qk_gain's (query half a, key half a_key, and the
@@ -844,6 +868,7 @@ class Attention:
         out = (yp - shared) * gap_mn + (g_v * tot + b_v2 * np.multiply.outer(w, w)) / np.multiply.outer(w, w)
         diag = np.diag(out) + (y2 - 1.0 / w) * gap_v - (np.diag(yp) - 1.0 / w) * gap_v \
             + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
+        diag += g_v * P.repeat_rho * qbar * self._repeats(bc, lnT, w, qbar, kbar)
         out[np.diag_indices(T)] = 0.0
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
         qk = (lnT, w, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0))
