@@ -15,8 +15,9 @@ causal models, the pairs within the last third of positions (at block 2 of the Q
 here, 0.065: OLMo 2's late third 0.053, Qwen3-MoE's all pairs 0.051, the token repeats' excess correlation carried
 past block 1 not modelled). The gradient at the first indices of pre-norm models with 0.02-std embeddings (q_0 = 4e-4, divided out by
 the first norm) is heavy-tailed: 4 seeds x 2 sequences put Llama's index 0 anywhere in -29% .. +26% of check's over
-six seed sets, hence 16 seeds (measured over rng seeds 0-2: every gated family within 19%; OLMo 2 17-30% low at
-index 1, printed, not gated).
+six seed sets, hence 16 seeds (measured over rng seeds 0-2: every gated family within 22%; OLMo 2 25-36% low at
+index 1, printed, not gated). The QK-norm families' rho over rng seeds 0-2: all pairs within 0.051, the late third
+within 0.053.
 
 `python -m pytest tests/test_reality.py -s` prints the per-family accuracy table.
 """
