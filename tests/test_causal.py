@@ -262,7 +262,7 @@ def _ref_attention(C, P, lnT):
     pbar = np.where(m > 1, (np.diag(S) - tr) / (m * np.maximum(m - 1, 1)), qbar)
     qb = float(P.q_bias)
     qq = np.diag(C) + qb
-    y2, v = rem_rows(P.beta, att.beta_c(qbar, pbar, qq), lnT)
+    y2, v, _ = rem_rows(P.beta, att.beta_c(qbar, pbar, qq), lnT)
     i = np.arange(T)
     lo, hi = np.minimum.outer(i, i), np.maximum.outer(i, i)
     rho_q = (C + qb) / np.sqrt(np.multiply.outer(qq, qq))

@@ -198,8 +198,8 @@ def causal_column_scale(s, T: float):
         t = np.concatenate([t, np.sqrt(edges[:-1] * edges[1:])])
         w = np.concatenate([w, np.diff(edges)])
     s = np.asarray(s, dtype=float)
-    y2 = expected_y(s[..., None], t)[0]
-    return (y2 @ w / T) / expected_y(s, float(T))[0]
+    y2 = expected_y(s[..., None], t, 1)[0]
+    return (y2 @ w / T) / expected_y(s, float(T), 1)[0]
 
 
 def mix_backward(gq, gp, mom, T, col_scale=None):

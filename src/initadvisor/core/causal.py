@@ -344,8 +344,9 @@ def pair_kernel(act: str, C: np.ndarray) -> np.ndarray:
 # Causal attention rows
 
 
-def rem_rows(beta, bc: np.ndarray, lnT: float, m: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(Y2_m, v_m) of attention row m with m keys, vectorised over rows: Y2 exact at m keys (softmax_rows) for the
+def rem_rows(beta, bc: np.ndarray, lnT: float, m: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """(Y2_m, v_m, (E[Y2], E[Y3], E[Y2^2])_m) of attention row m with m keys, vectorised over rows: the moments exact
+    at m keys (softmax_rows; the query/key path's E tr(M^2) reads them too) for the
     row's score variance beta^2 ln T q_query (qbar_m - pbar_m) = 2 ln T (beta/bc_m)^2 (beta is defined with the
     spec's ln T); v_m the annealed variance 2 x^2 ln m at x = beta_m / bc_m, beta_m = beta sqrt(ln T / ln m), frozen
     at x = 1/2 beyond, which two rows' overlap e^(rho v) / max(m, n) reads. A row with one key has Y2 = 1."""
@@ -357,8 +358,8 @@ def rem_rows(beta, bc: np.ndarray, lnT: float, m: np.ndarray | None = None) -> t
         x = s / np.sqrt(2.0 * lnm)
     one = m <= 1
     v = np.where(one, 0.0, 2.0 * np.minimum(np.where(one, 0.0, x), 0.5) ** 2 * lnm)
-    y2 = np.where(one, 1.0, expected_y(np.where(np.isnan(s), np.nan, np.minimum(s, 1e300)), m)[0])
-    return y2, v
+    ys = tuple(np.where(one, 1.0, y) for y in expected_y(np.where(np.isnan(s), np.nan, np.minimum(s, 1e300)), m))
+    return ys[0], v, ys
 
 
 # ------------------------------------------------------------------------------------------------

@@ -644,7 +644,7 @@ class Attention:
         qq = qf + qb
         kbar = pbar * att.rope_rows(G.T, P.d_head, P.rope_theta, P.rope_fraction) if P.rope_theta else pbar
         bc = self._qk_normed_beta_c(qbar, kbar, qq) if P.qk_norm != "none" else att.beta_c(qbar, kbar, qq)
-        y2, v = cz.rem_rows(P.beta, bc, lnT, m)
+        y2, v, ys = cz.rem_rows(P.beta, bc, lnT, m)
 
         g_v, b_v2 = float(P.g_v), float(P.b_v2)
         gap_v = g_v * np.maximum(qbar - kbar, 0.0)
@@ -676,7 +676,7 @@ class Attention:
         diag += g_v * P.repeat_rho * qbar * self._repeats(bc, lnT, m, qbar, kbar)
         out[G.single, G.single] = 0.0
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
-        qk = (lnT, m, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0))
+        qk = (lnT, m, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0), ys)
         return O, cz.AttentionRows(y2, bc, O.qf, qk, overlap=overlap, shared=shared)
 
     def _repeats(self, bc, lnT, m, qbar, kbar):
@@ -700,14 +700,14 @@ class Attention:
         ex = repeat_excess(int(P.repeat_vocab), lengths, float(sig), float(np.clip(c, 0.0, 1.0)))
         return np.where(two, np.interp(np.log(np.maximum(m, 1.0)), np.log(lengths), ex), 0.0)
 
-    def _qk_rows(self, bc, lnT, m, qq, spread_k, common_q, spread_v):
+    def _qk_rows(self, bc, lnT, m, qq, spread_k, common_q, spread_v, ys=None):
         """The query/key path's gains per causal row t (t keys), as _qk_gain's (query half a, key half a_key, and the
         root of the column term b per row: two rows t, t' send h_t h_t' Yp / sqrt(Y2 Y2') P_tt' / (t t') to each key
         they share, 1 / (t t') being uniform rows' Jacobian overlap per key) with the row's own geometry and its exact
-        E tr(M^2) at t keys (softmax_rows)."""
+        E tr(M^2) at t keys (softmax_rows; ys: the rows' moments when the forward kept them)."""
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             s2 = 2.0 * np.divide(self.P.beta, bc) ** 2 * lnT
-            jt = G.jacobian_trace(*expected_y(np.sqrt(s2), m))
+            jt = G.jacobian_trace(*(expected_y(np.sqrt(s2), m) if ys is None else ys))
             lam = s2 / np.maximum(spread_k, 1e-300)  # beta^2 ln T qq
             a_q = s2 / qq * spread_v * jt
             a_k = lam * spread_v * jt
@@ -775,7 +775,7 @@ class Attention:
         qb = float(P.q_bias)
         qq = S.qf + qb
         bc = self._qk_normed_beta_c(qbar, pbar, qq) if P.qk_norm != "none" else att.beta_c(qbar, pbar, qq)
-        y2, v = (x.reshape(n.shape) for x in cz.rem_rows(P.beta, bc.ravel(), lnT, n.ravel()))
+        y2, v = (x.reshape(n.shape) for x in cz.rem_rows(P.beta, bc.ravel(), lnT, n.ravel())[:2])
         d, c = _alibi_mixing(y2, w2, float(P.attn_dropout))
         g_v, b_v2 = float(P.g_v), float(P.b_v2)
         gap = g_v * np.maximum(qbar - pbar, 0.0)
@@ -856,7 +856,7 @@ class Attention:
         if P.rope_theta:
             kbar = pbar * att.rope_rows(T, P.d_head, P.rope_theta, P.rope_fraction)[w.astype(int) - 1]
         bc = self._qk_normed_beta_c(qbar, kbar, qq) if P.qk_norm != "none" else att.beta_c(qbar, kbar, qq)
-        y2, v = cz.rem_rows(P.beta, bc, lnT, w)
+        y2, v, ys = cz.rem_rows(P.beta, bc, lnT, w)
         g_v, b_v2 = float(P.g_v), float(P.b_v2)
         gap_v = g_v * np.maximum(qbar - kbar, 0.0)
         keep = 1.0 - float(P.attn_dropout)
@@ -871,7 +871,7 @@ class Attention:
         diag += g_v * P.repeat_rho * qbar * self._repeats(bc, lnT, w, qbar, kbar)
         out[np.diag_indices(T)] = 0.0
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
-        qk = (lnT, w, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0))
+        qk = (lnT, w, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0), ys)
         return O, cz.AttentionRows(y2, bc, O.qf, qk, overlap=yp / np.multiply.outer(sy, sy), keys=(lo, hi, w),
                                    shared=(yp - shared, shared * np.multiply.outer(w, w)))
 

@@ -79,29 +79,34 @@ def _table() -> np.ndarray:
         return f["log_y"].astype(float)
 
 
-def expected_y(s, T) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def expected_y(s, T, first: int = 3) -> tuple[np.ndarray, ...]:
     """(E[Y2], E[Y3], E[Y2^2]) of a softmax row over T keys (T >= 1, at most e^17) with i.i.d. N(0, s^2) logits,
-    from the table; beyond s = 30, 1 - Y falls as 1/s (the REM's (1 - Y) ~ 1/x)."""
+    from the table; beyond s = 30, 1 - Y falls as 1/s (the REM's (1 - Y) ~ 1/x). `first`: only the first of them
+    (1: E[Y2] alone, a third of the work on a long causal sequence's rows)."""
     s = np.asarray(s, dtype=float)
     if s.size > _CHUNK:  # a long causal sequence's rows: bounded temporaries
         s, T = np.broadcast_arrays(s, np.asarray(T, dtype=float))
-        parts = [expected_y(a, b) for a, b in zip(np.array_split(s.ravel(), s.size // _CHUNK + 1),
-                                                  np.array_split(T.ravel(), s.size // _CHUNK + 1))]
-        return tuple(np.concatenate([p[k] for p in parts]).reshape(s.shape) for k in range(3))
-    tab = _table()
+        parts = [expected_y(a, b, first) for a, b in zip(np.array_split(s.ravel(), s.size // _CHUNK + 1),
+                                                         np.array_split(T.ravel(), s.size // _CHUNK + 1))]
+        return tuple(np.concatenate([p[k] for p in parts]).reshape(s.shape) for k in range(first))
+    tab = _table()[:first]
+    n1, n2 = tab.shape[1:]
+    flat = tab.reshape(first, -1)
     bad = np.isnan(s) | np.isnan(T)  # an unresolved state (the engine reports it as such): nan, not an index
     s = np.where(bad, 0.0, np.maximum(s, 0.0))
     x = np.minimum(s, S_MAX) / S_STEP
     u = np.clip(np.log(np.maximum(np.where(bad, 1.0, T), 1.0)), 0.0, L_MAX) / L_STEP
-    i = np.minimum(x.astype(int), tab.shape[1] - 2)
-    j = np.minimum(np.asarray(u).astype(int), tab.shape[2] - 2)
+    i = np.minimum(x.astype(int), n1 - 2)
+    j = np.minimum(np.asarray(u).astype(int), n2 - 2)
     fx, fu = x - i, u - j
-    log_y = (tab[:, i, j] * (1 - fx) + tab[:, i + 1, j] * fx) * (1 - fu) + \
-        (tab[:, i, j + 1] * (1 - fx) + tab[:, i + 1, j + 1] * fx) * fu
+    shape = np.broadcast_shapes(np.shape(i), np.shape(j))
+    k = np.broadcast_to(i * n2 + j, shape).ravel()  # the corners in the flattened table: + n2 (next s), + 1 (ln T)
+    corner = [np.take(flat, k + o, axis=1).reshape((first,) + shape) for o in (0, n2, 1, n2 + 1)]
+    log_y = (corner[0] * (1 - fx) + corner[1] * fx) * (1 - fu) + (corner[2] * (1 - fx) + corner[3] * fx) * fu
     y = np.exp(log_y)
     far = S_MAX / np.maximum(s, S_MAX)  # 1 beyond the table's range of s
     y = np.where(bad, np.nan, 1.0 - (1.0 - y) * far)
-    return y[0][()], y[1][()], y[2][()]
+    return tuple(y[k][()] for k in range(first))
 
 
 if __name__ == "__main__":
