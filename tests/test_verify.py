@@ -296,3 +296,15 @@ def test_sliding_windows_match_the_numpy_network(causal):
                        "sequence": {"length": 64, "vocab": 500}, "init": {"std": 0.1}})
     rep = initadvisor.verify(spec, seeds=12, batch=2).data
     assert not set(rep["failed"]) & {"q", "rho"}, rep["reason"]
+
+
+@pytest.mark.parametrize("device", ["meta", "bogus", "cpu:7x", "cuda:99"])
+def test_torch_device_that_cannot_measure_is_a_usage_error(tmp_path, device):
+    """Fuzz seed 73: `--device meta` reached the measurement and failed copying out a meta tensor (a traceback);
+    a device the run cannot read back from is one line naming --device, exit 2."""
+    pytest.importorskip("torch")
+    f = tmp_path / "small.yaml"
+    f.write_text(SMALL % ("post", "false"))
+    r = run("verify", f, "--backend", "torch", "--device", device, "--seeds", "1", "--seq-len", "8")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "--device" in r.stderr and "Traceback" not in r.stderr, r.stderr

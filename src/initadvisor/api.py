@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Union
 
-from initadvisor.errors import MissingExtraError, SpecError, UsageError
+from initadvisor.errors import MissingExtraError, SpecError, UsageError, one_line
 from initadvisor.rules import Finding
 from initadvisor.spec import MAX_INT, Spec
 
@@ -281,6 +281,18 @@ def verify(source: Source, *, backend: str = "numpy", device: str = "cpu", seeds
     return VerifyReport(data, spec, data["verdict"], dict(data["max_error"]), _findings(data["findings"]))
 
 
+def _torch_device(device: str) -> None:
+    """A device the measurement can run on and read back (not 'meta', which holds no data), else a UsageError."""
+    import torch
+
+    try:
+        if torch.device(device).type == "meta":
+            raise RuntimeError("a meta tensor holds no data to measure")
+        torch.zeros(1, device=device).cpu()
+    except (RuntimeError, AssertionError, ValueError) as e:  # unknown type, no such device, not compiled in
+        raise UsageError(f"not a device to measure on here ({one_line(str(e))}), got {device!r}", "--device") from None
+
+
 def _measure_torch(source: Source, spec: Spec, seeds: int, batch: int, device: str) -> dict:
     """The real HuggingFace model for a config (path, dict or PretrainedConfig), else the spec's network."""
     try:
@@ -289,6 +301,7 @@ def _measure_torch(source: Source, spec: Spec, seeds: int, batch: int, device: s
         raise MissingExtraError("the torch backend", "torch", "PyTorch") from None
     from initadvisor import torch as it
 
+    _torch_device(device)
     hf = (isinstance(source, (str, os.PathLike)) and is_hf_config(Path(source))
           or isinstance(source, Mapping) and "model_type" in source
           or not isinstance(source, (str, os.PathLike, Mapping, Spec)))
