@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from initadvisor.core.causal import rem_rows
 from initadvisor.core.ops import zipf_ids
@@ -96,3 +98,14 @@ def test_repeats_against_the_numpy_network():
     assert abs(rep.rho_thirds[1, 2] - late) <= 0.02 + 2 * se
     assert abs(none.rho_thirds[1, 2] - late) >= 0.03  # the repeats are what this test sees
     assert abs(rep.q[1].mean() / mc.q[1] - 1) <= 0.045
+
+
+@settings(derandomize=True, database=None, max_examples=80, deadline=None)
+@given(vocab=st.integers(1, 10**9), m=st.floats(1.0, 1e7), sigma=st.floats(0.0, 1e6), c=st.floats(0.0, 1.0))
+def test_repeat_mass_is_a_mass(vocab, m, sigma, c):
+    """Over the whole range a spec can reach: the same-token pairs' mass is finite, in [0, 1] (up to the quadrature's
+    rounding), and 0 for a row of one key."""
+    got = repeat_mass(vocab, [m], sigma, c)[0]
+    assert np.isfinite(got) and -1e-9 <= got <= 1 + 1e-9, got
+    if m < 2:
+        assert got == 0.0
