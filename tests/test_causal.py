@@ -252,7 +252,7 @@ def test_late_tokens_match_single_pair_for_long_sequences():
 def _ref_attention(C, P, lnT):
     """The full-matrix causal attention of the first version (O(T^2) per layer), kept as the reference."""
     from initadvisor.core import attention as att
-    from initadvisor.core.causal import rem_rows
+    from initadvisor.core.causal import row_statistics
 
     T = C.shape[0]
     m = np.arange(1, T + 1, dtype=float)
@@ -262,7 +262,7 @@ def _ref_attention(C, P, lnT):
     pbar = np.where(m > 1, (np.diag(S) - tr) / (m * np.maximum(m - 1, 1)), qbar)
     qb = float(P.q_bias)
     qq = np.diag(C) + qb
-    y2, v, _ = rem_rows(P.beta, att.beta_c(qbar, pbar, qq), lnT)
+    y2, v, _ = row_statistics(P.beta, att.beta_c(qbar, pbar, qq), lnT)
     i = np.arange(T)
     lo, hi = np.minimum.outer(i, i), np.maximum.outer(i, i)
     rho_q = (C + qb) / np.sqrt(np.multiply.outer(qq, qq))

@@ -1,4 +1,4 @@
-"""Token repeats (core/repeats.py) and the causal rows' exact IPR (causal.rem_rows), against independent routes:
+"""Token repeats (core/repeats.py) and the causal rows' exact IPR (causal.row_statistics), against independent routes:
 softmax rows sampled directly (Zipf tokens drawn per row, one score per token class) and the numpy network."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from initadvisor.core.causal import rem_rows
+from initadvisor.core.causal import row_statistics
 from initadvisor.core.ops import zipf_ids
 from initadvisor.core.repeats import repeat_excess, repeat_mass
 from initadvisor.simulate import simulate
@@ -78,7 +78,7 @@ def test_causal_rows_ipr_is_the_exact_law(s, m):
     5-40% above them here): within 3% (the table's 0.3% and the sampling's 4 standard errors)."""
     lnT = math.log(128)
     beta = s / math.sqrt(2 * lnT)  # beta_c = 1: the row's score std is beta sqrt(2 ln T) / beta_c = s
-    y2 = rem_rows(beta, np.ones(m), lnT, np.arange(1, m + 1, dtype=float))[0][-1]
+    y2 = row_statistics(beta, np.ones(m), lnT, np.arange(1, m + 1, dtype=float))[0][-1]
     a = s * np.random.default_rng(3).standard_normal((40000, m))
     A = np.exp(a - a.max(axis=1, keepdims=True))
     A /= A.sum(axis=1, keepdims=True)

@@ -69,7 +69,7 @@ from initadvisor.core import kernels
 from initadvisor.core.softmax_rows import expected_y
 
 __all__ = ["CausalTrace", "propagate_overlaps", "pair_kernel", "thirds", "summarize",
-           "rem_rows", "group_edges"]
+           "row_statistics", "group_edges"]
 
 _GELU = ("gelu", "geglu", "gelu_tanh")  # tanh-GeLU by GeLU's closed form, as kernels.forward (< 0.1% apart)
 _SINGLE = 32  # positions 1.._SINGLE are their own group
@@ -344,7 +344,7 @@ def pair_kernel(act: str, C: np.ndarray) -> np.ndarray:
 # Causal attention rows
 
 
-def rem_rows(beta, bc: np.ndarray, lnT: float, m: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, tuple]:
+def row_statistics(beta, bc: np.ndarray, lnT: float, m: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, tuple]:
     """(Y2_m, v_m, (E[Y2], E[Y3], E[Y2^2])_m) of attention row m with m keys, vectorised over rows: the moments exact
     at m keys (softmax_rows; the query/key path's E tr(M^2) reads them too) for the
     row's score variance beta^2 ln T q_query (qbar_m - pbar_m) = 2 ln T (beta/bc_m)^2 (beta is defined with the

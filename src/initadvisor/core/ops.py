@@ -644,7 +644,7 @@ class Attention:
         qq = qf + qb
         kbar = pbar * att.rope_rows(G.T, P.d_head, P.rope_theta, P.rope_fraction) if P.rope_theta else pbar
         bc = self._qk_normed_beta_c(qbar, kbar, qq) if P.qk_norm != "none" else att.beta_c(qbar, kbar, qq)
-        y2, v, ys = cz.rem_rows(P.beta, bc, lnT, m)
+        y2, v, ys = cz.row_statistics(P.beta, bc, lnT, m)
 
         g_v, b_v2 = float(P.g_v), float(P.b_v2)
         gap_v = g_v * np.maximum(qbar - kbar, 0.0)
@@ -775,7 +775,7 @@ class Attention:
         qb = float(P.q_bias)
         qq = S.qf + qb
         bc = self._qk_normed_beta_c(qbar, pbar, qq) if P.qk_norm != "none" else att.beta_c(qbar, pbar, qq)
-        y2, v = (x.reshape(n.shape) for x in cz.rem_rows(P.beta, bc.ravel(), lnT, n.ravel())[:2])
+        y2, v = (x.reshape(n.shape) for x in cz.row_statistics(P.beta, bc.ravel(), lnT, n.ravel())[:2])
         d, c = _alibi_mixing(y2, w2, float(P.attn_dropout))
         g_v, b_v2 = float(P.g_v), float(P.b_v2)
         gap = g_v * np.maximum(qbar - pbar, 0.0)
@@ -856,7 +856,7 @@ class Attention:
         if P.rope_theta:
             kbar = pbar * att.rope_rows(T, P.d_head, P.rope_theta, P.rope_fraction)[w.astype(int) - 1]
         bc = self._qk_normed_beta_c(qbar, kbar, qq) if P.qk_norm != "none" else att.beta_c(qbar, kbar, qq)
-        y2, v, ys = cz.rem_rows(P.beta, bc, lnT, w)
+        y2, v, ys = cz.row_statistics(P.beta, bc, lnT, w)
         g_v, b_v2 = float(P.g_v), float(P.b_v2)
         gap_v = g_v * np.maximum(qbar - kbar, 0.0)
         keep = 1.0 - float(P.attn_dropout)
