@@ -23,7 +23,7 @@ pushed through the same operations as the engine (each operation's `causal` map 
 
       A_ms = 1/m + delta_ms,  sum_s delta_ms = 0,
       O[m, n] = Sv[m, n] / (m n)                                   (uniform part: 2-D prefix sums)
-              + (Y2_m - 1/m) gapV_m                        (m = n:  REM inverse participation at m keys)
+              + (Y2_m - 1/m) gapV_m                        (m = n:  the exact finite-T IPR at m keys)
               + (Yp_mn - 1/max(m, n)) gapV_min(m,n)         (m != n: cross-row overlap on the shared keys)
               + (1/keep - 1) Y2_m qbarV_m                   (m = n:  attention dropout),
 
@@ -31,7 +31,8 @@ pushed through the same operations as the engine (each operation's `causal` map 
   (mean off-diagonal) of Cv over positions 1..k, qbarV_k its mean diagonal, and Yp_mn the annealed cross-row
   overlap exp(rho^Q_mn v) / max(m, n) capped by sqrt(Y2_m Y2_n) (Cauchy-Schwarz), as the engine's Yp at T keys.
   For Cv = p 11^T + (q - p) I and m = n = T this is the engine's mix_forward exactly. Centered attention
-  (A - 1/m: the MC subtracts the causal mean of V) keeps only the fluctuation terms.
+  (A - 1/m: the MC subtracts the causal mean of V) keeps only the fluctuation terms. Block 1 of a token-input model
+  adds to the diagonal the mass its rows put on repeated tokens' key pairs beyond this law's (repeats.py).
 
 Reduced form (what runs). The T x T matrix costs O(T^2) per layer (0.85 s at T = 2048). Everything above
 varies slowly in log m, so positions are grouped: singletons for the first `_SINGLE` positions, then groups
