@@ -789,7 +789,10 @@ class Attention:
         beyond[:, np.arange(T), np.arange(T)] = 0.0
         t = np.arange(T)
         out = (g_v * U + b_v2 + beyond * gap[:, np.minimum.outer(t, t)]).mean(0)
-        diag = (c * (g_v * tot + b_v2) + (d * n - c) * (g_v * own + b_v2 * w2)).mean(0)
+        rep = self._repeats(bc.ravel(), lnT, n.ravel(), qbar.ravel(), pbar.ravel())  # at each row's effective keys
+        rep = np.reshape(rep, n.shape) if np.ndim(rep) else rep
+        diag = (c * (g_v * tot + b_v2) + (d * n - c) * (g_v * own + b_v2 * w2)
+                + g_v * P.repeat_rho * qbar * rep).mean(0)
         out[np.diag_indices(T)] = 0.0
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
         with np.errstate(invalid="ignore", divide="ignore"):
