@@ -673,16 +673,17 @@ class Attention:
             U[np.diag_indices(K)] = SPd * G.A2 + 2.0 * rd * G.Bt + pd * G.E + F
             out += g_v * U + b_v2
             diag += g_v * tot / (m * m) + b_v2
-        diag += g_v * P.repeat_rho * qbar * self._repeats(bc, lnT, m, qbar, kbar)
+        diag += self._repeats(bc, lnT, m, qbar, kbar)
         out[G.single, G.single] = 0.0
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
         qk = (lnT, m, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0), ys)
         return O, cz.AttentionRows(y2, bc, O.qf, qk, overlap=overlap, shared=shared)
 
     def _repeats(self, bc, lnT, m, qbar, kbar):
-        """Per row of m keys: the mass its same-token key pairs carry beyond the mean-field law's
-        (repeats.repeat_excess), at the rows' median score std and same-token score correlation, the token's share
-        of the keys' spread (rotary: x kappa, as the common part), on 8 row lengths; 0 without repeats."""
+        """What block 1's token repeats add to the output variance of each row of m keys: the value gain times the
+        repeated pairs' shared part (repeat_rho qbar) times the mass they carry beyond the mean-field law's
+        (repeats.repeat_excess), at the rows' median score std and same-token score correlation, the token's share of
+        the keys' spread (rotary: x kappa, as the common part), on 8 row lengths; 0 without repeats."""
         P = self.P
         if not P.repeat_vocab or len(m) < 3:
             return 0.0
@@ -698,7 +699,8 @@ class Attention:
             return 0.0
         lengths = np.unique(np.round(np.geomspace(2, m.max(), 8)))
         ex = repeat_excess(int(P.repeat_vocab), lengths, float(sig), float(np.clip(c, 0.0, 1.0)))
-        return np.where(two, np.interp(np.log(np.maximum(m, 1.0)), np.log(lengths), ex), 0.0)
+        mass = np.where(two, np.interp(np.log(np.maximum(m, 1.0)), np.log(lengths), ex), 0.0)
+        return float(P.g_v) * P.repeat_rho * qbar * mass
 
     def _qk_rows(self, bc, lnT, m, qq, spread_k, common_q, spread_v, ys=None):
         """The query/key path's gains per causal row t (t keys), as _qk_gain's (query half a, key half a_key, and the
@@ -790,9 +792,9 @@ class Attention:
         t = np.arange(T)
         out = (g_v * U + b_v2 + beyond * gap[:, np.minimum.outer(t, t)]).mean(0)
         rep = self._repeats(bc.ravel(), lnT, n.ravel(), qbar.ravel(), pbar.ravel())  # at each row's effective keys
-        rep = np.reshape(rep, n.shape) if np.ndim(rep) else rep
-        diag = (c * (g_v * tot + b_v2) + (d * n - c) * (g_v * own + b_v2 * w2)
-                + g_v * P.repeat_rho * qbar * rep).mean(0)
+        if np.ndim(rep):
+            rep = rep.reshape(n.shape)
+        diag = (c * (g_v * tot + b_v2) + (d * n - c) * (g_v * own + b_v2 * w2) + rep).mean(0)
         out[np.diag_indices(T)] = 0.0
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -871,7 +873,7 @@ class Attention:
         out = (yp - shared) * gap_mn + (g_v * tot + b_v2 * np.multiply.outer(w, w)) / np.multiply.outer(w, w)
         diag = np.diag(out) + (y2 - 1.0 / w) * gap_v - (np.diag(yp) - 1.0 / w) * gap_v \
             + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
-        diag += g_v * P.repeat_rho * qbar * self._repeats(bc, lnT, w, qbar, kbar)
+        diag += self._repeats(bc, lnT, w, qbar, kbar)
         out[np.diag_indices(T)] = 0.0
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
         qk = (lnT, w, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0), ys)
