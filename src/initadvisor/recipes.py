@@ -89,7 +89,7 @@ def first_crossing(excess, grid: np.ndarray, rtol: float = ALPHA_RTOL) -> float 
         if not lo < est < hi:
             est = lo + (hi - lo) * f[k - 1] / (f[k - 1] - f[k])  # secant
         near = (hi - lo) * 2.0 ** -np.arange(1, 24)
-        a = np.unique(np.concatenate([est - near, [est], est + near, np.linspace(lo, hi, 17)]))
+        a = np.unique(np.concatenate([est - near, [est], est + near, np.linspace(lo, hi, 65)]))
         a = a[(a > lo) & (a < hi)]
         if not a.size:
             break

@@ -118,7 +118,7 @@ def beta_c(q, p, q_query=None):
     qq = q if q_query is None else q_query
     with np.errstate(divide="ignore", over="ignore"):
         bc = np.sqrt(2.0 / (qq * np.maximum(q - p, 1e-300)))
-    return np.clip(bc, 1.0 / HUGE, HUGE)  # collapsed tokens: no condensation; an overflowed stream: never 0
+    return np.minimum(np.maximum(bc, 1.0 / HUGE), HUGE)  # collapsed tokens: no condensation; overflow: never 0
 
 
 def participation(beta, bc, rho, T):

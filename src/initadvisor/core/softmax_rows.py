@@ -83,6 +83,8 @@ def expected_y(s, T, first: int = 3) -> tuple[np.ndarray, ...]:
     """(E[Y2], E[Y3], E[Y2^2]) of a softmax row over T keys (T >= 1, at most e^17) with i.i.d. N(0, s^2) logits,
     from the table; beyond s = 30, 1 - Y falls as 1/s (the REM's (1 - Y) ~ 1/x). `first`: only the first of them
     (1: E[Y2] alone, a third of the work on a long causal sequence's rows)."""
+    if np.ndim(s) == 0 and np.ndim(T) == 0 and not (math.isnan(s) or math.isnan(T)):
+        return _one_point(float(s), float(T), first)
     s = np.asarray(s, dtype=float)
     if s.size > _CHUNK:  # a long causal sequence's rows: bounded temporaries
         s, T = np.broadcast_arrays(s, np.asarray(T, dtype=float))
@@ -107,6 +109,21 @@ def expected_y(s, T, first: int = 3) -> tuple[np.ndarray, ...]:
     far = S_MAX / np.maximum(s, S_MAX)  # 1 beyond the table's range of s
     y = np.where(bad, np.nan, 1.0 - (1.0 - y) * far)
     return tuple(y[k][()] for k in range(first))
+
+
+def _one_point(s: float, T: float, first: int) -> tuple[np.float64, ...]:
+    """expected_y at one (s, T): the same bilinear interpolation in floats (a stack's scalar pass calls it once a
+    layer; the array route costs 5x more there)."""
+    tab = _table()
+    s = max(s, 0.0)
+    x = min(s, S_MAX) / S_STEP
+    u = min(max(math.log(max(T, 1.0)), 0.0), L_MAX) / L_STEP
+    i, j = min(int(x), tab.shape[1] - 2), min(int(u), tab.shape[2] - 2)
+    fx, fu = x - i, u - j
+    c = tab[:first, i:i + 2, j:j + 2]
+    log_y = (c[:, 0, 0] * (1 - fx) + c[:, 1, 0] * fx) * (1 - fu) + (c[:, 0, 1] * (1 - fx) + c[:, 1, 1] * fx) * fu
+    far = S_MAX / max(s, S_MAX)
+    return tuple(np.float64(1.0 - (1.0 - math.exp(v)) * far) for v in log_y.tolist())
 
 
 if __name__ == "__main__":
