@@ -7,8 +7,10 @@ i.e. x = beta / beta_c = 1; the Gaussian (CLT) regime ends at x = 1/2 (001 B.3).
 Finite T: Y2 = E sum_s A_ts^2 and Y3 are the exact expectations for T i.i.d. Gaussian scores of variance V
 (softmax_rows): e^V / T to leading order for x <= 1/2 (annealed), tending to the REM's 1 - 1/x (001 eq. 12)
 for x > 1 as T grows, and through the crossover between. The cross-row overlap Yp = E sum_s A_ts A_t's
-(sub-leading in 001 B.2.2) is annealed, e^(rho V) / T with V held at its x = 1/2 level, capped by Y2.
-T = inf gives 001's asymptotic laws exactly (Y2 = max(0, 1 - beta_c/beta), Yp = 0).
+(sub-leading in 001 B.2.2) is exact too, for two rows whose scores correlate as their queries (softmax_rows):
+e^(rho V) / T in the uniform phase, how often the two rows pick the same keys once they localise (the annealed law
+held at x = 1/2 was 2-7x low there, and rho grew too slowly past beta_c). T = inf gives 001's asymptotic laws
+exactly (Y2 = max(0, 1 - beta_c/beta), Yp = 0).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from initadvisor.core.softmax_rows import expected_y
+from initadvisor.core.softmax_rows import expected_overlap, expected_y
 
 HUGE = 1e250  # the engine's cap on every moment and derived quantity: extreme stacks stay finite
 
@@ -122,22 +124,22 @@ def beta_c(q, p, q_query=None):
 
 
 def participation(beta, bc, rho, T):
-    """(Y2, Yp, Y3, Y2^2): the expected IPR of an attention row, cross-row overlap, third participation ratio and
-    squared IPR. At finite T, Y2, Y3 and Y2^2 are exact for i.i.d. Gaussian scores of variance
-    V = 2 (beta / bc)^2 ln T (softmax_rows); T = inf: the REM (001 eq. 12, Poisson-Dirichlet moments)."""
+    """(Y2, Yp, Y3, Y2^2): the expected IPR of an attention row, two rows' overlap, third participation ratio and
+    squared IPR. At finite T exact for i.i.d. Gaussian scores of std s = (beta / bc) sqrt(2 ln T), two rows' scores
+    correlated as their queries, rho (softmax_rows); T = inf: the REM (001 eq. 12, Poisson-Dirichlet moments)."""
     x = np.divide(beta, bc)
     if np.ndim(T) == 0 and math.isfinite(T):  # one finite T (every stack's case): without the stand-ins below
-        lnT = math.log(T)
-        y2, y3, y22 = expected_y(x * math.sqrt(2.0 * lnT), T)
-        return y2, np.minimum(y2, np.exp(rho * 2.0 * np.minimum(x, 0.5) ** 2 * lnT) / T), y3, y22
+        s = x * math.sqrt(2.0 * math.log(T))
+        y2, y3, y22 = expected_y(s, T)
+        return y2, np.minimum(y2, expected_overlap(s, T, rho)), y3, y22
     inf = np.isinf(T)
     rem = _rem(x)
     if np.all(inf):
         return rem[0], np.zeros_like(rem[0]), rem[1], rem[2]
     Tf = np.where(inf, 2.0, T)  # finite stand-in where T = inf (those points take the asymptotic laws)
-    y2, y3, y22 = expected_y(x * np.sqrt(2.0 * np.log(Tf)), Tf)
-    v = 2.0 * np.minimum(x, 0.5) ** 2 * np.log(Tf)  # the overlap's annealed variance, frozen at the CLT boundary
-    yp = np.where(inf, 0.0, np.minimum(y2, np.exp(rho * v) / Tf))
+    s = x * np.sqrt(2.0 * np.log(Tf))
+    y2, y3, y22 = expected_y(s, Tf)
+    yp = np.where(inf, 0.0, np.minimum(y2, expected_overlap(s, Tf, rho)))
     return np.where(inf, rem[0], y2), yp, np.where(inf, rem[1], y3), np.where(inf, rem[2], y22)
 
 

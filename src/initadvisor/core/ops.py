@@ -513,7 +513,7 @@ class Attention:
             y2, yp, y3, y22 = att.participation(P.beta, bc, (p + P.q_bias) / qq, T)
             mom = mom_b = att.mixing(y2, yp, T, P.centered, P.attn_dropout)
         else:  # a REM at n keys (beta at n keys: beta sqrt(ln T / ln n)); two tokens share keys only when near:
-            # over all pairs the overlap is n^2 / T of a window's, e^(rho v) / T as without one
+            # over all pairs the overlap is n / T of two rows' at n keys (their Yp as without a window)
             with np.errstate(divide="ignore", invalid="ignore"):
                 b_n = P.beta * np.sqrt(np.where(n > 1, np.log(T) / np.log(np.maximum(n, 2)), 1.0))
             y2, yp_n, y3, y22 = att.participation(b_n, bc, (p + P.q_bias) / qq, n)

@@ -126,5 +126,106 @@ def _one_point(s: float, T: float, first: int) -> tuple[np.float64, ...]:
     return tuple(np.float64(1.0 - (1.0 - math.exp(v)) * far) for v in log_y.tolist())
 
 
+# ---------------------------------------------------------------------------------------------
+# Two rows: their overlap E sum_j A_j B_j when their logits correlate (two tokens' queries on the same keys)
+
+PAIRS = Path(__file__).with_name("softmax_pairs.npz")
+P_S_STEP, P_S_MAX = 0.25, 30.0  # the overlap table's logit stds: 0, 0.25, ..., 30 (the row table's range)
+P_U_STEP = 0.05  # its u = sqrt(1 - c): 0 (c = 1, Yp = Y2), 0.05, ..., 1 (c = 0, Yp = 1/T)
+
+
+def _gauss(scale: float, logit_step: float) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes and weights of E f(z), z ~ N(0, 1), over |z| <= 9, the logits scale z at most logit_step apart."""
+    z = np.linspace(-_Z_MAX, _Z_MAX, max(41, int(2 * _Z_MAX * scale / logit_step) | 1))
+    w = np.exp(-0.5 * z * z)
+    return z, w / w.sum()
+
+
+def pair_overlap(s: float, c: float, T, h: float = 0.4) -> np.ndarray:
+    """E sum_j A_j B_j of two softmax rows over T keys (array) whose N(0, s^2) logits correlate c in [0, 1]: with
+    1 / (Z_A Z_B) = int int e^(-t Z_A - u Z_B) dt du, the logits' shared part a x_j (a = s sqrt(c)) and own parts
+    b y_j, b y'_j (b = s sqrt(1 - c)), the keys' expectation factorises into one over x of products of functions
+    of ln t + a x and of ln u + a x alone (each an expectation over y): a matrix product over the x nodes, then
+    Yp = T int int E_x[chi chi'] Phi^(T-1) d ln t d ln u. Trapezoid sums at step h in ln t (4e-4 at 0.4)."""
+    T = np.atleast_1d(np.asarray(T, dtype=float))
+    a, b = s * math.sqrt(c), s * math.sqrt(max(1.0 - c, 0.0))
+    lam = np.arange(-_Z_MAX * s - math.log(T.max()) - 30.0, _Z_MAX * s + 30.0, h)  # ln t
+    y, wy = _gauss(b, 1.5 * h)
+    x, wx = _gauss(a, 1.5 * h)
+    fine = np.arange(lam[0] - _Z_MAX * a - 1.0, lam[-1] + _Z_MAX * a + 1.0, h / 4)
+    e = fine[:, None] + b * y[None, :]
+    ee = np.exp(np.minimum(e, 700.0))
+    omega = (-np.expm1(-ee)) @ wy  # 1 - E exp(-t e^(b y)) at ln t = fine
+    chi = np.exp(e - ee) @ wy  # E t e^(b y) exp(-t e^(b y)), bounded by 1/e
+    at = lam[None, :] + a * x[:, None]
+    om, ch = np.interp(at, fine, omega), np.interp(at, fine, chi)
+    om_mean = wx @ om
+    one_minus_phi = om_mean[:, None] + om_mean[None, :] - (om * wx[:, None]).T @ om  # 1 - Phi(t, u), accurately
+    num = (ch * wx[:, None]).T @ ch
+    with np.errstate(divide="ignore"):
+        log_phi = np.log1p(-np.minimum(one_minus_phi, 1.0))
+    out = [1.0 if Ti <= 1.0 else min(Ti * float((num * np.exp((Ti - 1.0) * log_phi)).sum()) * h * h, 1.0)
+           for Ti in T]
+    return np.array(out)
+
+
+def build_pair_table(path: Path = PAIRS) -> None:
+    """Tabulate log E sum_j A_j B_j over (s, ln T, u = sqrt(1 - c)) (a few minutes) and save it."""
+    s = np.arange(0.0, P_S_MAX + P_S_STEP / 2, P_S_STEP)
+    lnT = np.arange(0.0, L_MAX + L_STEP / 2, L_STEP)
+    u = np.arange(0.0, 1.0 + P_U_STEP / 2, P_U_STEP)
+    logs = np.empty((s.size, lnT.size, u.size))
+    few = lnT < math.log(2.0)  # between one key and two: linear in ln T, as the row table
+    for i, si in enumerate(s):
+        for k, uk in enumerate(u):
+            m = np.log(pair_overlap(si, 1.0 - uk * uk, np.concatenate([[2.0], np.exp(lnT[~few])])))
+            logs[i, ~few, k] = m[1:]
+            logs[i, few, k] = m[0] * lnT[few] / math.log(2.0)
+    np.savez_compressed(path, log_yp=logs.astype(np.float32), s_step=P_S_STEP, l_step=L_STEP, u_step=P_U_STEP)
+
+
+@lru_cache(maxsize=1)
+def _pair_table() -> np.ndarray:
+    with np.load(PAIRS) as f:
+        return f["log_yp"].astype(float)
+
+
+def expected_overlap(s, T, c):
+    """E sum_j A_j B_j of two softmax rows over T keys whose N(0, s^2) logits correlate c (clipped to [0, 1]), from
+    the table, trilinear in log Yp over (s, ln T, sqrt(1 - c)); beyond s = 30 held there (rows all but one-hot:
+    their overlap is how often they pick the same key)."""
+    tab = _pair_table()
+    if np.ndim(s) == 0 and np.ndim(T) == 0 and np.ndim(c) == 0:
+        if math.isnan(s) or math.isnan(T) or math.isnan(c):
+            return np.float64(math.nan)
+        x, v, w = _pair_coordinates(float(s), float(T), float(c), math)
+        i, j, k = (min(int(a), n - 2) for a, n in zip((x, v, w), tab.shape))
+        f = [x - i, v - j, w - k]
+        cube = tab[i:i + 2, j:j + 2, k:k + 2]
+        return np.float64(math.exp(float(np.einsum("ijk,i,j,k->", cube, *([1 - g, g] for g in f)))))
+    s, T, c = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (s, T, c)))
+    bad = np.isnan(s) | np.isnan(T) | np.isnan(c)
+    x, v, w = _pair_coordinates(np.where(bad, 0.0, s), np.where(bad, 1.0, T), np.where(bad, 0.0, c), np)
+    idx = [np.minimum(a.astype(int), n - 2) for a, n in zip((x, v, w), tab.shape)]
+    f = [a - b for a, b in zip((x, v, w), idx)]
+    n2, n3 = tab.shape[1:]
+    flat, k = tab.ravel(), (idx[0] * n2 + idx[1]) * n3 + idx[2]  # the corners: + n2 n3 (next s), + n3 (ln T), + 1
+    lerp = lambda a, b, g: a + (b - a) * g  # noqa: E731
+    c = [lerp(np.take(flat, k + o), np.take(flat, k + o + 1), f[2]) for o in (0, n3, n2 * n3, n2 * n3 + n3)]
+    log_yp = lerp(lerp(c[0], c[1], f[1]), lerp(c[2], c[3], f[1]), f[0])
+    return np.where(bad, np.nan, np.exp(log_yp))[()]
+
+
+def _pair_coordinates(s, T, c, m):
+    """The overlap table's fractional indices of (s, T, c); m: math for floats, numpy for arrays."""
+    lo, hi = (max, min) if m is math else (np.maximum, np.minimum)
+    x = hi(lo(s, 0.0), P_S_MAX) / P_S_STEP
+    v = hi(lo(m.log(lo(T, 1.0)), 0.0), L_MAX) / L_STEP
+    w = m.sqrt(hi(lo(1.0 - c, 0.0), 1.0)) / P_U_STEP
+    return x, v, w
+
+
 if __name__ == "__main__":
-    build_table()
+    import sys
+
+    build_pair_table() if sys.argv[1:] == ["pairs"] else build_table()
