@@ -1,15 +1,16 @@
 """Phase fidelity: `check`'s per-layer predictions against `verify`'s Monte-Carlo of the actual network, across
 the attention phases.
 
-Usage: OPENBLAS_NUM_THREADS=1 python benchmarks/phase_fidelity.py [--layers 50] [--d 256] [--seeds 4]
+Usage: OPENBLAS_NUM_THREADS=1 python benchmarks/phase_fidelity.py [--layers 50] [--d 720] [--seeds 4]
                                                                   [--cells post:1.5:64:bi,...] [--json out.json]
 
 Grid: norm {post, pre} x beta / beta_c at block 1 {0.25, 0.5, 0.7, 1.0, 1.5, 2.5} x T {64, 512} x {bidirectional,
 causal}. The model is paper 001's encoder (1 head, ReLU MLP of width d, gains 0.2 on V and the MLP, MLP biases
 0.02, no output projection, input correlation 0.03, unit embedding variance), `--layers` deep; beta is set with
-init.qk_beta. Prints per cell the largest error over the
-layers of rho (absolute), the IPR (relative) and the gradient q normalised at the top (relative), with the layer
-where it occurs. Asserts nothing.
+init.qk_beta; d 720 is the width of issue 13's own simulation (at d 256 the width's fluctuations hold rho down past
+beta_c: a narrower network is further from the engine's infinite-width law there). Prints per cell the largest error
+over the layers of rho (absolute), the IPR (relative) and the gradient q normalised at the top (relative), with the
+layer where it occurs. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=50)
-    ap.add_argument("--d", type=int, default=256)
+    ap.add_argument("--d", type=int, default=720)
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--cells", default="", help="comma-separated norm:ratio:T:bi|causal (default: the whole grid)")
     ap.add_argument("--json", default="")
