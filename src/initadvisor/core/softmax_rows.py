@@ -194,35 +194,49 @@ def expected_overlap(s, T, c):
     """E sum_j A_j B_j of two softmax rows over T keys whose N(0, s^2) logits correlate c (clipped to [0, 1]), from
     the table, trilinear in log Yp over (s, ln T, sqrt(1 - c)); beyond s = 30 held there (rows all but one-hot:
     their overlap is how often they pick the same key)."""
-    tab = _pair_table()
-    if np.ndim(s) == 0 and np.ndim(T) == 0 and np.ndim(c) == 0:
-        if math.isnan(s) or math.isnan(T) or math.isnan(c):
-            return np.float64(math.nan)
-        x, v, w = _pair_coordinates(float(s), float(T), float(c), math)
-        i, j, k = (min(int(a), n - 2) for a, n in zip((x, v, w), tab.shape))
-        f = [x - i, v - j, w - k]
-        cube = tab[i:i + 2, j:j + 2, k:k + 2]
-        return np.float64(math.exp(float(np.einsum("ijk,i,j,k->", cube, *([1 - g, g] for g in f)))))
+    if np.ndim(T) == 0:  # the pair map's case: one T for every layer and grid point
+        return _overlap_at(_pair_slice(float(T)), s, c)
     s, T, c = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (s, T, c)))
-    bad = np.isnan(s) | np.isnan(T) | np.isnan(c)
-    x, v, w = _pair_coordinates(np.where(bad, 0.0, s), np.where(bad, 1.0, T), np.where(bad, 0.0, c), np)
-    idx = [np.minimum(a.astype(int), n - 2) for a, n in zip((x, v, w), tab.shape)]
-    f = [a - b for a, b in zip((x, v, w), idx)]
-    n2, n3 = tab.shape[1:]
-    flat, k = tab.ravel(), (idx[0] * n2 + idx[1]) * n3 + idx[2]  # the corners: + n2 n3 (next s), + n3 (ln T), + 1
-    lerp = lambda a, b, g: a + (b - a) * g  # noqa: E731
-    c = [lerp(np.take(flat, k + o), np.take(flat, k + o + 1), f[2]) for o in (0, n3, n2 * n3, n2 * n3 + n3)]
-    log_yp = lerp(lerp(c[0], c[1], f[1]), lerp(c[2], c[3], f[1]), f[0])
-    return np.where(bad, np.nan, np.exp(log_yp))[()]
+    out = np.full(s.shape, np.nan)
+    for t in np.unique(T[~np.isnan(T)]):
+        at = T == t
+        out[at] = _overlap_at(_pair_slice(float(t)), s[at], c[at])
+    return out
 
 
-def _pair_coordinates(s, T, c, m):
-    """The overlap table's fractional indices of (s, T, c); m: math for floats, numpy for arrays."""
-    lo, hi = (max, min) if m is math else (np.maximum, np.minimum)
-    x = hi(lo(s, 0.0), P_S_MAX) / P_S_STEP
-    v = hi(lo(m.log(lo(T, 1.0)), 0.0), L_MAX) / L_STEP
-    w = m.sqrt(hi(lo(1.0 - c, 0.0), 1.0)) / P_U_STEP
-    return x, v, w
+@lru_cache(maxsize=512)
+def _pair_slice(T: float) -> np.ndarray:
+    """The overlap table at one T, linear in ln T between its nodes: log Yp over (s, sqrt(1 - c))."""
+    tab = _pair_table()
+    if math.isnan(T):
+        return np.full((tab.shape[0], tab.shape[2]), np.nan)
+    v = min(max(math.log(max(T, 1.0)), 0.0), L_MAX) / L_STEP
+    j = min(int(v), tab.shape[1] - 2)
+    return tab[:, j] + (tab[:, j + 1] - tab[:, j]) * (v - j)
+
+
+def _overlap_at(tab: np.ndarray, s, c):
+    """Bilinear in log Yp over one T's (s, sqrt(1 - c)) table; floats at one point (once a layer in a scalar pass)."""
+    n1, n2 = tab.shape
+    if np.ndim(s) == 0 and np.ndim(c) == 0:
+        if math.isnan(s) or math.isnan(c):
+            return np.float64(math.nan)
+        x = min(max(float(s), 0.0), P_S_MAX) / P_S_STEP
+        w = math.sqrt(min(max(1.0 - float(c), 0.0), 1.0)) / P_U_STEP
+        i, k = min(int(x), n1 - 2), min(int(w), n2 - 2)
+        fx, fw = x - i, w - k
+        (a, b), (d, e) = tab[i:i + 2, k:k + 2].tolist()
+        return np.float64(math.exp((a * (1 - fw) + b * fw) * (1 - fx) + (d * (1 - fw) + e * fw) * fx))
+    s, c = np.broadcast_arrays(np.asarray(s, dtype=float), np.asarray(c, dtype=float))
+    bad = np.isnan(s) | np.isnan(c)
+    x = np.minimum(np.maximum(np.where(bad, 0.0, s), 0.0), P_S_MAX) / P_S_STEP
+    w = np.sqrt(np.minimum(np.maximum(1.0 - np.where(bad, 0.0, c), 0.0), 1.0)) / P_U_STEP
+    i, k = np.minimum(x.astype(int), n1 - 2), np.minimum(w.astype(int), n2 - 2)
+    fx, fw = x - i, w - k
+    flat, at = tab.ravel(), i * n2 + k  # the corners: + n2 (next s), + 1 (next u)
+    lo = np.take(flat, at) * (1 - fw) + np.take(flat, at + 1) * fw
+    hi = np.take(flat, at + n2) * (1 - fw) + np.take(flat, at + n2 + 1) * fw
+    return np.where(bad, np.nan, np.exp(lo * (1 - fx) + hi * fx))[()]
 
 
 if __name__ == "__main__":
