@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from initadvisor.core.softmax_rows import P_S_MAX, S_MAX, expected_overlap, expected_y, pair_overlap, row_moments
 
@@ -163,3 +165,17 @@ def test_overlap_table_against_quadrature():
     assert np.isnan(vec[3])
     for i in range(3):
         assert vec[i] == pytest.approx(expected_overlap(s[i], T[i], c[i]), rel=1e-12)
+
+
+@settings(derandomize=True, database=None, max_examples=150, deadline=None)
+@given(s=st.floats(-1e300, 1e300) | st.sampled_from([math.inf, 0.0, P_S_MAX]),
+       T=st.floats(0.0, 1e300) | st.sampled_from([math.inf, 1.0, 2.0]),
+       c=st.floats(-1e3, 1e3) | st.sampled_from([-math.inf, math.inf, 0.0, 1.0]))
+def test_overlap_over_every_input(s, T, c):
+    """Whatever the engine hands it (an overflowed stream's score std, a correlation outside [-1, 1]): a number in
+    (0, 1], the same from the one-point and the vectorised route; nan where an input is nan."""
+    one = expected_overlap(s, T, c)
+    vec = expected_overlap(np.array([s, math.nan]), np.array([T, T]), np.array([c, c]))
+    assert np.isfinite(one) and 0.0 < one <= 1.0 + 1e-12, (s, T, c, one)
+    assert vec[0] == pytest.approx(one, rel=1e-12) and np.isnan(vec[1])
+    assert np.isnan(expected_overlap(s, math.nan, c)) and np.isnan(expected_overlap(s, np.array([T, math.nan]), c)[1])
