@@ -148,3 +148,17 @@ def test_every_spec_command_reads_the_project_config(tmp_path):
                  ["sweep", "--depth", "1,2"], ["plot", "--png", "p.png"]):
         r = run(args[0], "s.yaml", *args[1:], cwd=tmp_path)
         assert r.returncode == 2 and "pyproject.toml:2" in r.stderr and "grad_vanish" in r.stderr, (args, r.stderr)
+
+
+@pytest.mark.parametrize("name", ["new\nline.yaml", "cr\rreturn.yaml", "sep\u2028line.yaml"])
+def test_patched_spec_of_a_file_with_a_line_break_in_its_name(tmp_path, name):
+    """The patched file's header comment names the spec on one line: a line break in the file name ended the comment
+    and left the rest of the name as a YAML line that `check` refused (fuzz seed 81)."""
+    spec = tmp_path / name
+    spec.write_text("model:\n  layers: 2\n  d_model: 8\n  heads: 2\n")
+    out = tmp_path / "patched.yaml"
+    r = run("recommend", spec, "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert out.read_text().splitlines()[0].startswith("# initadvisor recommend:")
+    c = run("check", out)
+    assert c.returncode == 0, c.stderr
