@@ -162,3 +162,17 @@ def test_patched_spec_of_a_file_with_a_line_break_in_its_name(tmp_path, name):
     assert out.read_text().splitlines()[0].startswith("# initadvisor recommend:")
     c = run("check", out)
     assert c.returncode == 0, c.stderr
+
+
+def test_imported_spec_of_a_config_under_a_line_break(tmp_path):
+    """import's header names the config on one line, as recommend's (the same class: the rest of the path became a
+    YAML line that `check` refused)."""
+    folder = tmp_path / "a\nb"
+    folder.mkdir()
+    (folder / "config.json").write_text((ROOT / "tests" / "data" / "hf" / "llama" / "config.json").read_text())
+    r = run("import", folder / "config.json")
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "imported.yaml"
+    out.write_text(r.stdout)
+    c = run("check", out)
+    assert c.returncode == 0, c.stderr

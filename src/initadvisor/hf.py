@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .families import FAMILIES
+from .errors import one_line
 from .files import read_bounded
 from .spec import VERSION, Spec, SpecError, build_spec
 
@@ -222,7 +223,7 @@ def to_yaml(spec_dict: dict[str, Any], notes: list[str] | tuple[str, ...] = (), 
         return node
 
     head = ["# initadvisor model spec"
-            + (f", imported from {source}" if source else ", imported from a HuggingFace config.json")]
+            + (f", imported from {one_line(source)}" if source else ", imported from a HuggingFace config.json")]
     for note in notes:
         for i, para in enumerate(str(note).splitlines() or [""]):
             for j, ln in enumerate(textwrap.wrap(para, 96) or [""]):
