@@ -83,8 +83,8 @@ def expected_y(s, T, first: int = 3) -> tuple[np.ndarray, ...]:
     """(E[Y2], E[Y3], E[Y2^2]) of a softmax row over T keys (T >= 1, at most e^17) with i.i.d. N(0, s^2) logits,
     from the table; beyond s = 30, 1 - Y falls as 1/s (the REM's (1 - Y) ~ 1/x). `first`: only the first of them
     (1: E[Y2] alone, a third of the work on a long causal sequence's rows)."""
-    if np.ndim(s) == 0 and np.ndim(T) == 0 and not (math.isnan(s) or math.isnan(T)):
-        return _one_point(float(s), float(T), first)
+    if np.ndim(T) == 0 and not math.isnan(T):  # one T (every stack's pair map): its slice of the table, cached
+        return _at_one_T(_row_slice(float(T)), s, first)
     s = np.asarray(s, dtype=float)
     if s.size > _CHUNK:  # a long causal sequence's rows: bounded temporaries
         s, T = np.broadcast_arrays(s, np.asarray(T, dtype=float))
@@ -111,19 +111,37 @@ def expected_y(s, T, first: int = 3) -> tuple[np.ndarray, ...]:
     return tuple(y[k][()] for k in range(first))
 
 
-def _one_point(s: float, T: float, first: int) -> tuple[np.float64, ...]:
-    """expected_y at one (s, T): the same bilinear interpolation in floats (a stack's scalar pass calls it once a
-    layer; the array route costs 5x more there)."""
+@lru_cache(maxsize=512)
+def _row_slice(T: float) -> np.ndarray:
+    """The row table at one T, linear in ln T between its nodes: log E[Y2], log E[Y3], log E[Y2^2] over s."""
     tab = _table()
-    s = max(s, 0.0)
-    x = min(s, S_MAX) / S_STEP
     u = min(max(math.log(max(T, 1.0)), 0.0), L_MAX) / L_STEP
-    i, j = min(int(x), tab.shape[1] - 2), min(int(u), tab.shape[2] - 2)
-    fx, fu = x - i, u - j
-    c = tab[:first, i:i + 2, j:j + 2]
-    log_y = (c[:, 0, 0] * (1 - fx) + c[:, 1, 0] * fx) * (1 - fu) + (c[:, 0, 1] * (1 - fx) + c[:, 1, 1] * fx) * fu
-    far = S_MAX / max(s, S_MAX)
-    return tuple(np.float64(1.0 - (1.0 - math.exp(v)) * far) for v in log_y.tolist())
+    j = min(int(u), tab.shape[2] - 2)
+    return tab[:, :, j] + (tab[:, :, j + 1] - tab[:, :, j]) * (u - j)
+
+
+def _at_one_T(tab: np.ndarray, s, first: int) -> tuple:
+    """expected_y from one T's slice, linear in log Y over s; floats at one point (a stack's scalar pass calls it
+    once a layer)."""
+    n = tab.shape[1]
+    if np.ndim(s) == 0:
+        if math.isnan(s):
+            return (np.float64(math.nan),) * first
+        s = max(float(s), 0.0)
+        x = min(s, S_MAX) / S_STEP
+        i = min(int(x), n - 2)
+        far = S_MAX / max(s, S_MAX)
+        return tuple(np.float64(1.0 - (1.0 - math.exp(a + (b - a) * (x - i))) * far)
+                     for a, b in tab[:first, i:i + 2].tolist())
+    s = np.asarray(s, dtype=float)
+    bad = np.isnan(s)
+    s = np.where(bad, 0.0, np.maximum(s, 0.0))
+    x = np.minimum(s, S_MAX) / S_STEP
+    i = np.minimum(x.astype(int), n - 2)
+    lo, hi = tab[:first, i], tab[:first, i + 1]
+    y = np.exp(lo + (hi - lo) * (x - i))
+    y = np.where(bad, np.nan, 1.0 - (1.0 - y) * (S_MAX / np.maximum(s, S_MAX)))
+    return tuple(y[k][()] for k in range(first))
 
 
 # ---------------------------------------------------------------------------------------------
