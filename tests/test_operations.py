@@ -367,3 +367,20 @@ def test_alibi_bias_is_transformers_bloom_bias(heads):
     masked = np.where(t[None, :] <= t[:, None], bias, -np.inf)
     rows = torch.softmax(torch.from_numpy(masked), -1).numpy()
     np.testing.assert_allclose(alibi_rows(T, heads), rows, rtol=1e-5, atol=1e-12)
+
+
+def test_median_and_unique_are_numpys():
+    """core.sorting's median and unique (numpy's without their numpy.ma import) against np.median and np.unique, odd
+    and even sizes, repeats, infinities; the median is nan as soon as one value is nan."""
+    from initadvisor.core.sorting import median, unique
+
+    rng = np.random.default_rng(4)
+    for n in range(0, 40):
+        x = np.round(rng.standard_normal(n) * 10.0 ** rng.uniform(-1, 3))
+        if n > 3:
+            x[0], x[1] = np.inf, -np.inf
+        assert np.array_equal(unique(x), np.unique(x))
+        if n:
+            assert median(x) == float(np.median(x)), x
+            x[rng.integers(n)] = np.nan
+            assert np.isnan(median(x))

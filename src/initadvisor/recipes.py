@@ -15,6 +15,7 @@ import numpy as np
 from initadvisor.core import gradients as G
 from initadvisor.core.deepscalelm import dslm_init
 from initadvisor.core.model import Stack, Trace, propagate
+from initadvisor.core.sorting import median
 from initadvisor.diagnose import Analysis, analyse, diagnose, verdict
 from initadvisor.init_code import render, residual_instructions
 from initadvisor.numbers import clean, overflow_findings, show, status
@@ -267,7 +268,7 @@ def recommend(spec: Spec, rho_max: float = 0.99, k: float = 2.0, alpha_mlp: bool
     analyses = [first] + [None if r.undefined else analyse(r.spec, r.stack()) for r in recipes[1:]]
     t = (first if analyses[1] is None else analyses[1]).trace  # an undefined critical recipe: the spec
     taus = G.balancing_tau(t.att_q, t.att_p / t.att_q, spec.seq_len, spec.d_model)
-    tau = float(np.median(taus))
+    tau = median(taus)
     tau_beta = tau / math.sqrt(math.log(spec.seq_len))
     rows = [_summary(r, a) for r, a in zip(recipes, analyses)]
     patched, chosen = _patched(recipes, rows)

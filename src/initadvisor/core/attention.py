@@ -21,6 +21,7 @@ from functools import lru_cache
 import numpy as np
 
 from initadvisor.core.softmax_rows import expected_overlap, expected_y
+from initadvisor.core.sorting import unique
 
 HUGE = 1e250  # the engine's cap on every moment and derived quantity: extreme stacks stay finite
 
@@ -83,7 +84,7 @@ def rope_kappa(m, d_head: int, theta: float, fraction: float):
 def rope_rows(T: int, d_head: int, theta: float, fraction: float) -> np.ndarray:
     """rope_coherence of causal rows m = 1..T (row m's keys 1..m): exact up to m = 64 and on a geometric grid of
     1024 rows beyond, linear in log m between (kappa is smooth in log m)."""
-    grid = np.unique(np.concatenate([np.arange(1, min(T, 64) + 1), np.geomspace(64, T, 1024).round()])) \
+    grid = unique(np.concatenate([np.arange(1, min(T, 64) + 1), np.geomspace(64, T, 1024).round()])) \
         if T > 64 else np.arange(1, T + 1, dtype=float)
     k = rope_coherence(grid, d_head, theta, fraction)
     return np.interp(np.log(np.arange(1, T + 1)), np.log(grid), k)
@@ -196,7 +197,7 @@ def causal_column_scale(s, T: float):
     t = np.arange(1.0, min(T, 64) + 1)
     w = np.ones_like(t)
     if T > 64:
-        edges = np.unique(np.round(np.geomspace(64.5, T + 0.5, 65)))
+        edges = unique(np.round(np.geomspace(64.5, T + 0.5, 65)))
         t = np.concatenate([t, np.sqrt(edges[:-1] * edges[1:])])
         w = np.concatenate([w, np.diff(edges)])
     s = np.asarray(s, dtype=float)

@@ -31,6 +31,7 @@ from initadvisor.core import causal as cz
 from initadvisor.core import gradients as G
 from initadvisor.core import kernels, routing
 from initadvisor.core.softmax_rows import expected_y
+from initadvisor.core.sorting import median, unique
 
 GATED = {"swiglu": "silu", "geglu": "gelu"}  # gated MLP -> the activation of its gate
 EULER_GAMMA = 0.5772156649015329
@@ -693,11 +694,11 @@ class Attention:
             else 1.0
         two = m >= 2
         with np.errstate(divide="ignore", invalid="ignore"):
-            sig = np.median((float(P.beta) * math.sqrt(2.0 * lnT) / bc)[two])
-            c = np.median((P.repeat_rho * qbar * kap / (qbar - kbar))[two])
+            sig = median((float(P.beta) * math.sqrt(2.0 * lnT) / bc)[two])
+            c = median((P.repeat_rho * qbar * kap / (qbar - kbar))[two])
         if not (np.isfinite(sig) and np.isfinite(c) and sig * sig * c > 1e-4):  # none, or below 1e-4 of a pair's
             return 0.0
-        lengths = np.unique(np.round(np.geomspace(2, m.max(), 8)))
+        lengths = unique(np.round(np.geomspace(2, m.max(), 8)))
         ex = repeat_excess(int(P.repeat_vocab), lengths, float(sig), float(np.clip(c, 0.0, 1.0)))
         mass = np.where(two, np.interp(np.log(np.maximum(m, 1.0)), np.log(lengths), ex), 0.0)
         return float(P.g_v) * P.repeat_rho * qbar * mass

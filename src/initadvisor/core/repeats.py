@@ -21,6 +21,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from initadvisor.core.sorting import unique
+
 _HEAD = 16  # the most frequent tokens one by one, the rest in _BINS logarithmic bins of their rank
 _BINS = 24
 _NODES = 12  # Gauss-Hermite nodes over z and over eps
@@ -35,7 +37,7 @@ def _zipf_bins(vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     the bins [a, b) beyond by the midpoint sums ln((b - 1/2) / (a - 1/2)) and 1/(a - 1/2) - 1/(b - 1/2) (relative
     error below 1e-3 from rank 16 on), in memory independent of the vocabulary."""
     head = min(_HEAD, vocab)
-    edges = np.unique(np.round(np.geomspace(head + 1, vocab + 1, _BINS + 1))) if vocab > head else np.array([])
+    edges = unique(np.round(np.geomspace(head + 1, vocab + 1, _BINS + 1))) if vocab > head else np.array([])
     a, b = edges[:-1] - 0.5, edges[1:] - 0.5
     j = np.arange(1, head + 1, dtype=float)
     s1 = np.concatenate([1.0 / j, np.log(b / a)])
