@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from initadvisor.core.sorting import unique
+
 TABLE = Path(__file__).with_name("softmax_rows.npz")
 S_STEP, S_MAX = 0.1, 30.0  # the table's logit stds: 0, 0.1, ..., 30
 L_STEP, L_MAX = 0.25, 17.0  # its ln T: 0 (one key, Y = 1), 0.25, ..., 17 (T = 2.4e7)
@@ -111,13 +113,18 @@ def expected_y(s, T, first: int = 3) -> tuple[np.ndarray, ...]:
     return tuple(y[k][()] for k in range(first))
 
 
+def _at_ln_T(tab: np.ndarray, T: float, axis: int) -> np.ndarray:
+    """A table (ln T along `axis`) at one T, linear in ln T between its nodes."""
+    u = min(max(math.log(max(T, 1.0)), 0.0), L_MAX) / L_STEP
+    j = min(int(u), tab.shape[axis] - 2)
+    lo, hi = np.take(tab, j, axis), np.take(tab, j + 1, axis)
+    return lo + (hi - lo) * (u - j)
+
+
 @lru_cache(maxsize=512)
 def _row_slice(T: float) -> np.ndarray:
-    """The row table at one T, linear in ln T between its nodes: log E[Y2], log E[Y3], log E[Y2^2] over s."""
-    tab = _table()
-    u = min(max(math.log(max(T, 1.0)), 0.0), L_MAX) / L_STEP
-    j = min(int(u), tab.shape[2] - 2)
-    return tab[:, :, j] + (tab[:, :, j + 1] - tab[:, :, j]) * (u - j)
+    """The row table at one T: log E[Y2], log E[Y3], log E[Y2^2] over s."""
+    return _at_ln_T(_table(), T, 2)
 
 
 def _at_one_T(tab: np.ndarray, s, first: int) -> tuple:
@@ -216,7 +223,7 @@ def expected_overlap(s, T, c):
         return _overlap_at(_pair_slice(float(T)), s, c)
     s, T, c = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (s, T, c)))
     out = np.full(s.shape, np.nan)
-    for t in np.unique(T[~np.isnan(T)]):
+    for t in unique(T[~np.isnan(T)]):
         at = T == t
         out[at] = _overlap_at(_pair_slice(float(t)), s[at], c[at])
     return out
@@ -224,13 +231,11 @@ def expected_overlap(s, T, c):
 
 @lru_cache(maxsize=512)
 def _pair_slice(T: float) -> np.ndarray:
-    """The overlap table at one T, linear in ln T between its nodes: log Yp over (s, sqrt(1 - c))."""
+    """The overlap table at one T: log Yp over (s, sqrt(1 - c))."""
     tab = _pair_table()
     if math.isnan(T):
         return np.full((tab.shape[0], tab.shape[2]), np.nan)
-    v = min(max(math.log(max(T, 1.0)), 0.0), L_MAX) / L_STEP
-    j = min(int(v), tab.shape[1] - 2)
-    return tab[:, j] + (tab[:, j + 1] - tab[:, j]) * (v - j)
+    return _at_ln_T(tab, T, 1)
 
 
 def _overlap_at(tab: np.ndarray, s, c):
