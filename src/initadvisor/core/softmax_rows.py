@@ -145,7 +145,7 @@ def _at_one_T(tab: np.ndarray, s, first: int) -> tuple:
     s = np.where(bad, 0.0, np.maximum(s, 0.0))
     x = np.minimum(s, S_MAX) / S_STEP
     i = np.minimum(x.astype(int), n - 2)
-    lo, hi = tab[:first, i], tab[:first, i + 1]
+    lo, hi = np.take(tab[:first], i, axis=1), np.take(tab[:first], i + 1, axis=1)  # (30x a mixed fancy index)
     y = np.exp(lo + (hi - lo) * (x - i))
     y = np.where(bad, np.nan, 1.0 - (1.0 - y) * (S_MAX / np.maximum(s, S_MAX)))
     return tuple(y[k][()] for k in range(first))
