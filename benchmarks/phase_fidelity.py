@@ -10,7 +10,8 @@ causal}. The model is paper 001's encoder (1 head, ReLU MLP of width d, gains 0.
 init.qk_beta; d 720 is the width of issue 13's own simulation (at d 256 the width's fluctuations hold rho down past
 beta_c: a narrower network is further from the engine's infinite-width law there). Prints per cell the largest error
 over the layers of rho (absolute), the IPR (relative) and the gradient q normalised at the top (relative), with the
-layer where it occurs. Asserts nothing.
+layer where it occurs and its size in the measurement's standard errors (|z|: past beta_c a post-LN gradient is
+heavy-tailed over weight draws, and a large error with a small |z| is a draw, not the engine). Asserts nothing.
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ def spec_for(norm: str, ratio: float, T: int, causal: bool, layers: int, d: int)
     return spec
 
 
-def worst(layers: list[dict], key: str) -> tuple[float | None, int | None]:
-    errs = [(abs(r[key]["error"]), r["index"]) for r in layers if key in r and r[key]["error"] is not None]
-    return max(errs) if errs else (None, None)
+def worst(layers: list[dict], key: str) -> tuple[float | None, int | None, float | None]:
+    """The largest error over the layers, its layer, and its size in standard errors of the measurement (z)."""
+    errs = [(abs(r[key]["error"]), r["index"], r[key].get("z")) for r in layers
+            if key in r and r[key]["error"] is not None]
+    return max(errs, key=lambda e: e[0]) if errs else (None, None, None)
 
 
 def main() -> None:
@@ -62,8 +65,8 @@ def main() -> None:
         cells = [(n, float(r), int(t), c == "causal") for n, r, t, c in (x.split(":") for x in args.cells.split(","))]
     else:
         cells = list(itertools.product(("post", "pre"), RATIOS, (64, 512), (False, True)))
-    print(f"{'norm':4s} {'b/bc':>5s} {'T':>4s} {'rows':6s} | {'rho err':>8s} {'@':>3s} | {'IPR err':>8s} {'@':>3s} | "
-          f"{'grad err':>8s} {'@':>3s} | seconds", flush=True)
+    print(f"{'norm':4s} {'b/bc':>5s} {'T':>4s} {'rows':6s} | {'rho err':>8s} {'@':>3s} {'|z|':>5s} | {'IPR err':>8s} "
+          f"{'@':>3s} {'|z|':>5s} | {'grad err':>8s} {'@':>3s} {'|z|':>5s} | seconds", flush=True)
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for norm, ratio, T, causal in cells:
@@ -82,15 +85,16 @@ def main() -> None:
             rep = json.loads(buf.getvalue())
             row = {"norm": norm, "ratio": ratio, "T": T, "causal": causal, "seconds": time.perf_counter() - t0}
             for key in ("rho", "ipr", "grad_q"):
-                row[key], row[key + "_layer"] = worst(rep["layers"], key)
+                row[key], row[key + "_layer"], row[key + "_z"] = worst(rep["layers"], key)
             out.append(row)
 
-            def fmt(x, pct):
-                return f"{'-':>8s}" if x is None else (f"{100 * x:7.1f}%" if pct else f"{x:8.3f}")
+            def fmt(key, pct):
+                x, z = row[key], row[key + "_z"]
+                err = f"{'-':>8s}" if x is None else (f"{100 * x:7.1f}%" if pct else f"{x:8.3f}")
+                return f"{err} {row[key + '_layer'] or 0:3d} {'' if z is None else f'{abs(z):5.1f}':>5s}"
 
-            print(f"{norm:4s} {ratio:5.2f} {T:4d} {'causal' if causal else 'bi':6s} | {fmt(row['rho'], False)} "
-                  f"{row['rho_layer']:3d} | {fmt(row['ipr'], True)} {row['ipr_layer'] or 0:3d} | "
-                  f"{fmt(row['grad_q'], True)} {row['grad_q_layer']:3d} | {row['seconds']:.0f}", flush=True)
+            print(f"{norm:4s} {ratio:5.2f} {T:4d} {'causal' if causal else 'bi':6s} | {fmt('rho', False)} | "
+                  f"{fmt('ipr', True)} | {fmt('grad_q', True)} | {row['seconds']:.0f}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
 
