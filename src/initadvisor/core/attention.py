@@ -9,8 +9,9 @@ Finite T: Y2 = E sum_s A_ts^2 and Y3 are the exact expectations for T i.i.d. Gau
 for x > 1 as T grows, and through the crossover between. The cross-row overlap Yp = E sum_s A_ts A_t's
 (sub-leading in 001 B.2.2) is exact too, for two rows whose scores correlate as their queries (softmax_rows):
 e^(rho V) / T in the uniform phase, how often the two rows pick the same keys once they localise (the annealed law
-held at x = 1/2 was 2-7x low there, and rho grew too slowly past beta_c). T = inf gives 001's asymptotic laws
-exactly (Y2 = max(0, 1 - beta_c/beta), Yp = 0).
+held at x = 1/2 was 2-7x low there, and rho grew too slowly past beta_c); causal rows of the position-resolved
+engine keep that annealed law (Attention.causal). T = inf gives 001's asymptotic laws exactly
+(Y2 = max(0, 1 - beta_c/beta), Yp = 0).
 """
 
 from __future__ import annotations
