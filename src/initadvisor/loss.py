@@ -23,7 +23,8 @@ import math
 
 import numpy as np
 
-_GH = np.polynomial.hermite_e.hermegauss(96)  # nodes and weights for E f(Z), Z ~ N(0, 1) (weights / sqrt(2 pi))
+from initadvisor.core.kernels import gauss_hermite
+
 _SPAN = 10.0  # logits beyond 10 std: probability 1e-23, below what V <= 1e9 logits can see
 _MAX_BINS = 4000  # bins per logit distribution at most (the bin width grows for very wide logits)
 _MAX_U = 50_000  # u grid points at most (far-apart logits, e.g. an own logit 10^6 above the rest)
@@ -74,8 +75,8 @@ class _Logit:
 
     def nodes(self) -> tuple[np.ndarray, np.ndarray]:
         """Gauss-Hermite nodes (logit values) and weights."""
-        x, w = _GH
-        return _capped(self.mean + self.std * x, self.cap), w / math.sqrt(2 * math.pi)
+        x, w = gauss_hermite(96)
+        return _capped(self.mean + self.std * x, self.cap), w
 
     def bins(self, h: float) -> tuple[int, np.ndarray]:
         """(j0, p): probabilities of the bins [(j - 1/2) h, (j + 1/2) h], j = j0, j0 + 1, ..., their mass put

@@ -269,8 +269,7 @@ def _gelu_pair(a, b, c):
 @lru_cache(maxsize=4)
 def _hermite_basis(n: int, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Quadrature nodes/weights (probabilists') and orthonormal Hermite He_k(z)/sqrt(k!) at the nodes, k <= K."""
-    z, w = np.polynomial.hermite_e.hermegauss(n)
-    w = w / w.sum()
+    z, w = kernels.gauss_hermite(n)
     H = np.empty((K + 1, n))
     H[0] = 1.0
     if K >= 1:

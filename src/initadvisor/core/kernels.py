@@ -77,15 +77,18 @@ PHI = {
 }
 
 
-@lru_cache(maxsize=4)
-def _hermite(n: int):
-    z, w = np.polynomial.hermite_e.hermegauss(n)  # probabilists' Hermite: weight exp(-z^2/2)
-    return z, w / w.sum()
+@lru_cache(maxsize=8)
+def gauss_hermite(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """n nodes and weights of E f(Z), Z ~ N(0, 1) (probabilists' Hermite, weights summing to 1)."""
+    z, w = np.polynomial.hermite_e.hermegauss(n)
+    w = w / w.sum()
+    z.flags.writeable = w.flags.writeable = False  # cached: shared by every caller
+    return z, w
 
 
 def quadrature(f, q, p, n: int = 40):
     """(E[f(u)^2], E[f(u) f(v)]) by 2-D Gauss-Hermite quadrature, broadcasting over q, p."""
-    z, w = _hermite(n)
+    z, w = gauss_hermite(n)
     q = np.asarray(q, dtype=float)
     r = _rho(q, p)
     s = np.sqrt(q)[..., None]

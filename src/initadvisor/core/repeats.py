@@ -21,6 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from initadvisor.core.kernels import gauss_hermite
 from initadvisor.core.sorting import unique
 
 _HEAD = 16  # the most frequent tokens one by one, the rest in _BINS logarithmic bins of their rank
@@ -47,21 +48,12 @@ def _zipf_bins(vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return count, s1 / total, s2 / total**2
 
 
-@lru_cache(maxsize=4)
-def _nodes() -> tuple[np.ndarray, np.ndarray]:
-    """Gauss-Hermite nodes and weights for N(0, 1) (Golub-Welsch: the Jacobi matrix of He_n, off-diagonal
-    sqrt(k); without importing numpy.polynomial, 10 ms of start-up)."""
-    off = np.sqrt(np.arange(1.0, _NODES))
-    x, v = np.linalg.eigh(np.diag(off, 1) + np.diag(off, -1))
-    return x, v[0] ** 2
-
-
 def repeat_mass(vocab: int, m, sigma: float, c: float) -> np.ndarray:
     """R(m) of the module docstring for each row length m (array; 0 for m < 2); sigma at most SIGMA_MAX."""
     m = np.atleast_1d(np.asarray(m, dtype=float))
     sigma = min(float(sigma), SIGMA_MAX)
     count, ps, ps2 = _zipf_bins(int(vocab))
-    x, w = _nodes()
+    x, w = gauss_hermite(_NODES)
     xz, wz = (x, w) if c > 0 else (np.zeros(1), np.ones(1))  # independent scores: nothing shared to integrate
     b, e = sigma * math.sqrt(c), sigma * math.sqrt(1.0 - c)
     out = np.zeros(m.shape)
