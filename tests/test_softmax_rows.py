@@ -148,14 +148,15 @@ def test_pair_overlap_limits(s, T):
 
 
 def test_overlap_table_against_quadrature():
-    """The shipped table, trilinear in log Yp over (s, ln T, sqrt(1 - c)), within 7% of the quadrature at 200
-    random points of its range (T >= 2; measured at 400: median 0.4%, 90% within 2.1%, worst 6.4% where c < 0.15
-    and T > 1e6, rows so long that Yp is ~1/T); held beyond s = 30; c clipped to [0, 1]; nan in, nan out; the
+    """The shipped table, trilinear in log Yp over (s, ln T, sqrt(1 - c)), within 8% of the quadrature at 200
+    random points of its range (T >= 2; measured at 400: median 0.4%, 90% within 2.1%; the worst corner, c < 0.15
+    with s > 10 and T > 1e5, scanned at the table cells' centres, where interpolation errs most: 7.1% at s 29.6,
+    c 0.05, T 2e7, rows so long that Yp is ~1/T); held beyond s = 30; c clipped to [0, 1]; nan in, nan out; the
     vectorised route gives the numbers of the one-point route."""
     rng = np.random.default_rng(11)
     for _ in range(200):
         s, T, c = rng.uniform(0, P_S_MAX), math.exp(rng.uniform(math.log(2), 17)), rng.uniform(0, 1)
-        assert expected_overlap(s, T, c) == pytest.approx(pair_overlap(s, c, [T])[0], rel=0.07), (s, T, c)
+        assert expected_overlap(s, T, c) == pytest.approx(pair_overlap(s, c, [T])[0], rel=0.08), (s, T, c)
     assert expected_overlap(2 * P_S_MAX, 100.0, 0.5) == expected_overlap(P_S_MAX, 100.0, 0.5)
     assert expected_overlap(2.0, 100.0, -0.4) == expected_overlap(2.0, 100.0, 0.0)
     assert expected_overlap(2.0, 100.0, 1.3) == expected_overlap(2.0, 100.0, 1.0)
