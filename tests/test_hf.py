@@ -245,6 +245,20 @@ def test_falcon_variants(tmp_path: Path) -> None:
     assert spec.attention_dropout == 0.0 and "only with ALiBi" in "\n".join(notes)
     with pytest.raises(SpecError, match="attention_dropout"):
         import_config(write(tmp_path, c | {"parallel_attn": False, "attention_dropout": 0.1}))
+    # the Hub's Falcon-7B/40B/RW configs have no max_position_embeddings: transformers' default 2048, noted
+    spec, notes = import_config(write(tmp_path, {k: v for k, v in c.items() if k != "max_position_embeddings"}))
+    assert spec.seq_len == 2048 and any("sequence.length 2048" in n for n in notes)
+
+
+def test_gpt_neox_head_dim_other_than_its_heads_is_refused(tmp_path: Path) -> None:
+    """transformers' GPT-NeoX turns head_dim x rotary_pct coordinates of heads hidden_size / heads wide: another
+    head_dim breaks the real model (a fuzz case crashed `verify --backend torch`), so the import names the field."""
+    c = raw("gpt_neox")
+    spec, _ = import_config(write(tmp_path, c | {"head_dim": c["hidden_size"] // c["num_attention_heads"]}))
+    assert spec.d_head == c["hidden_size"] // c["num_attention_heads"]
+    with pytest.raises(SpecError) as e:
+        import_config(write(tmp_path, c | {"head_dim": 10**8}))
+    assert e.value.key == "head_dim" and e.value.line is not None and "hidden_size" in str(e.value)
 
 
 def test_mixture_of_experts_variants(tmp_path: Path) -> None:

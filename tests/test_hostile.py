@@ -468,3 +468,17 @@ def test_verify_counts_the_address_space_limit(tmp_path):
             f"main(['verify', {str(spec)!r}, '--backend', 'torch', '--seeds', '2'])\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "GiB" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_qk_beta_beyond_the_softmax_scale_range_is_refused():
+    """Latent attention realises init.qk_beta by its softmax scale, which the normalised spec writes out: a beta that
+    needs a scale beyond model.softmax_scale's range is refused at load (a fuzz case: `check` accepted it and
+    `recommend` then refused its own patched spec with exit 2)."""
+    data = {"model": {"layers": 2, "d_model": 72, "heads": 12, "norm": "pre", "causal": True},
+            "latent_attention": {"kv_rank": 2480, "nope_dim": 3, "rope_dim": 0, "v_dim": 6},
+            "init": {"std": 0.02, "qk_beta": 0.5}}
+    spec = build_spec(data)
+    assert build_spec(spec.to_dict()).softmax_scale == pytest.approx(spec.softmax_scale, rel=1e-12)
+    with pytest.raises(SpecError) as e:
+        build_spec({**data, "init": {"std": 1.8e-8, "qk_beta": 4e5}})
+    assert e.value.key == "init.qk_beta" and "softmax_scale" in str(e.value)

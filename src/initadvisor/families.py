@@ -309,6 +309,11 @@ def _gpt_neox(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     length = _seq(cfg, "max_position_embeddings")
     vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
     rope = _rotary(cfg, notes, "rotary_pct")
+    head_dim = g("head_dim", "posint", None)
+    if head_dim is not None and head_dim * heads != d:  # transformers turns head_dim x rotary_pct coordinates
+        raise cfg.error(f"{head_dim} x num_attention_heads {heads} != hidden_size {d}: GPT-NeoX's heads are "
+                        "hidden_size / num_attention_heads wide, its rotary embedding head_dim (transformers cannot "
+                        "run the model)", "head_dim")
     std = _init_std(cfg, notes)
     drop = g("hidden_dropout", "prob", 0.0, spec_key="dropout")  # embedding dropout uses the same rate
     attn_drop = g(fam.attn_dropout_key, "prob", 0.0, spec_key="attention_dropout")
@@ -388,7 +393,10 @@ def _falcon(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     heads = g("num_attention_heads", "posint", required=True, spec_key="model.heads")
     d_ff = g("ffn_hidden_size", "posint", None, spec_key="model.d_ff") or 4 * d
     act = _activation(cfg, "activation", "gelu", False, notes)
-    length = _seq(cfg, "max_position_embeddings")
+    length = _seq(cfg, "max_position_embeddings") if "max_position_embeddings" in cfg.raw else 2048
+    if "max_position_embeddings" not in cfg.raw:  # the Hub's Falcon-7B/40B/RW configs: rotary or ALiBi, no table
+        notes.append("Falcon has no position table: sequence.length 2048 (transformers' FalconConfig default, the "
+                     "length Falcon was trained at); --seq-len sets another")
     vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
     alibi = g("alibi", "bool", False)
     new = g("new_decoder_architecture", "bool", False)

@@ -636,9 +636,9 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
     )
     try:
         _check_consistency(spec)
+        return _resolve_qk_beta(spec)
     except SpecError as e:
         raise _fail(e.message, e.key or "", lines, fname) from None
-    return _resolve_qk_beta(spec)
 
 
 def _stem_name(fname: str) -> str:
@@ -652,7 +652,11 @@ def _resolve_qk_beta(spec: Spec) -> Spec:
     """With init.qk_beta, the Q and K stds are the ones that realise it at the spec's T (001 eq. 9)."""
     if spec.qk_beta is None:
         return spec
-    return replace(spec.with_beta(spec.qk_beta), qk_beta=spec.qk_beta)
+    out = replace(spec.with_beta(spec.qk_beta), qk_beta=spec.qk_beta)
+    if not 1e-8 <= out.softmax_scale < 1e6:  # latent attention: the softmax scale realises it (and is written out)
+        raise SpecError(f"{spec.qk_beta:g} needs model.softmax_scale {out.softmax_scale:.3g}, outside [1e-8, 1e6)",
+                        key="init.qk_beta")
+    return out
 
 
 def _check_consistency(spec: Spec) -> None:
