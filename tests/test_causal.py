@@ -577,3 +577,20 @@ def test_window_fallback_carries_the_query_key_path(monkeypatch):
     assert D.causal_trace(from_spec(spec)) is None  # the fallback
     ratio = grads() / full
     assert np.all(np.abs(ratio - 1) < 0.2), ratio
+
+
+def test_window_query_key_path_only_where_the_window_bites():
+    """The late-token query/key path of a causal window is on where the window is shorter than T, off where it covers
+    the sequence: there the stack is causal attention over all keys, gradient for gradient (their path is the
+    position-resolved engine's)."""
+    from dataclasses import replace
+
+    from initadvisor.core.model import propagate
+
+    spec = build_spec({"model": {"layers": 4, "d_model": 512, "heads": 8, "norm": "pre", "causal": True,
+                                 "sliding_window": 64}, "sequence": {"length": 32}, "init": {"std": 0.0566}})
+    covered = propagate(from_spec(spec)).grad_q
+    np.testing.assert_allclose(covered, propagate(from_spec(replace(spec, sliding_window=None))).grad_q, rtol=1e-12)
+    bites = propagate(from_spec(replace(spec, seq_len=512))).grad_q
+    assert propagate(from_spec(replace(spec, seq_len=512))).qk_share.min() > 0.5  # (d 4096's gains: most of it)
+    assert bites[0] > 1.5 * propagate(from_spec(replace(spec, seq_len=512, sliding_window=None))).grad_q[0]

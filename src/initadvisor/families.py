@@ -147,6 +147,15 @@ def _seq(cfg: _Config, key: str, aliases: tuple[str, ...] = ()) -> int:
     return cfg.get(key, "posint", required=True, spec_key="sequence.length", aliases=aliases)
 
 
+def _trained_seq(cfg: _Config, key: str, trained: int, family: str, notes: list[str]) -> int:
+    """The config's `key`, else the length the family was trained at (noted): families without a position table."""
+    if key in cfg.raw:
+        return _seq(cfg, key)
+    notes.append(f"{family} has no position table: sequence.length {trained}, the length it was trained at; "
+                 "--seq-len sets another")
+    return trained
+
+
 def _shape(cfg: _Config) -> tuple[int, int, int, int]:
     """Depth, width, heads and FFN width under the field names BERT-style, GPT-NeoX and Llama configs share."""
     g = cfg.get
@@ -393,10 +402,8 @@ def _falcon(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     heads = g("num_attention_heads", "posint", required=True, spec_key="model.heads")
     d_ff = g("ffn_hidden_size", "posint", None, spec_key="model.d_ff") or 4 * d
     act = _activation(cfg, "activation", "gelu", False, notes)
-    length = _seq(cfg, "max_position_embeddings") if "max_position_embeddings" in cfg.raw else 2048
-    if "max_position_embeddings" not in cfg.raw:  # the Hub's Falcon-7B/40B/RW configs: rotary or ALiBi, no table
-        notes.append("Falcon has no position table: sequence.length 2048 (transformers' FalconConfig default, the "
-                     "length Falcon was trained at); --seq-len sets another")
+    # the Hub's Falcon-7B/40B/RW configs have no max_position_embeddings (2048: transformers' FalconConfig default)
+    length = _trained_seq(cfg, "max_position_embeddings", 2048, "Falcon (rotary or ALiBi)", notes)
     vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
     alibi = g("alibi", "bool", False)
     new = g("new_decoder_architecture", "bool", False)
@@ -446,10 +453,7 @@ def _bloom(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
                         "apply_residual_connection_post_layernorm")
     g("pretraining_tp", "any", None)  # tensor-parallel slicing of the same matrices
     g("slow_but_exact", "any", None)
-    length = _seq(cfg, "seq_length") if "seq_length" in cfg.raw else 2048
-    if "seq_length" not in cfg.raw:
-        notes.append("BLOOM has no position table (ALiBi): sequence.length 2048, the length it was trained at; "
-                     "--seq-len sets another")
+    length = _trained_seq(cfg, "seq_length", 2048, "BLOOM (ALiBi)", notes)
     vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
     std = _init_std(cfg, notes)
     head = _head(cfg, True, True, False)  # ln_f, then the tied lm_head
@@ -529,10 +533,7 @@ def _t5(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     if g("is_decoder", "bool", False):
         raise cfg.error("T5's decoder stack (cross-attention) is not modelled: the import reads the encoder",
                         "is_decoder")
-    length = _seq(cfg, "n_positions") if "n_positions" in cfg.raw else 512
-    if "n_positions" not in cfg.raw:
-        notes.append("T5 has no position table (a relative-position bias instead): sequence.length 512, the length "
-                     "it was trained at; --seq-len sets another")
+    length = _trained_seq(cfg, "n_positions", 512, "T5 (a relative-position bias instead)", notes)
     vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
     drop = g("dropout_rate", "prob", 0.1, spec_key="dropout")
     for k in ("num_decoder_layers", "relative_attention_num_buckets", "relative_attention_max_distance"):
