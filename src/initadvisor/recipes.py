@@ -15,7 +15,7 @@ import numpy as np
 from initadvisor.core import gradients as G
 from initadvisor.core.deepscalelm import dslm_init
 from initadvisor.core.model import Stack, Trace, propagate
-from initadvisor.core.sorting import median
+from initadvisor.core.sorting import median, unique
 from initadvisor.diagnose import Analysis, analyse, diagnose, verdict
 from initadvisor.init_code import render, residual_instructions
 from initadvisor.numbers import clean, overflow_findings, show, status
@@ -90,7 +90,7 @@ def first_crossing(excess, grid: np.ndarray, rtol: float = ALPHA_RTOL) -> float 
         if not lo < est < hi:
             est = lo + (hi - lo) * f[k - 1] / (f[k - 1] - f[k])  # secant
         near = (hi - lo) * 2.0 ** -np.arange(1, 24)
-        a = np.unique(np.concatenate([est - near, [est], est + near, np.linspace(lo, hi, 65)]))
+        a = unique(np.concatenate([est - near, [est], est + near, np.linspace(lo, hi, 65)]))
         a = a[(a > lo) & (a < hi)]
         if not a.size:
             break
