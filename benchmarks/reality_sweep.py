@@ -70,6 +70,9 @@ def main() -> None:
     ap.add_argument("--families", default=",".join(R.FAMILIES))
     ap.add_argument("--seeds", type=int, default=8)
     args = ap.parse_args()
+    unknown = [x for x in args.shapes.split(",") if x not in SHAPES]
+    if unknown:
+        ap.error(f"unknown shape {unknown[0]!r} (known: {', '.join(SHAPES)})")
     torch.set_num_threads(1)
     for shape in args.shapes.split(","):
         R.D, R.L, R.HEADS, R.T, factor = SHAPES[shape]
