@@ -250,6 +250,15 @@ def test_falcon_variants(tmp_path: Path) -> None:
     assert spec.seq_len == 2048 and any("sequence.length 2048" in n for n in notes)
 
 
+def test_modernbert_flat_rope_parameters_are_refused(tmp_path: Path) -> None:
+    """transformers 5's ModernBERT takes rope_parameters per layer type only; a flat one (a fuzz case) passed the
+    import and then `verify --backend torch` could not build the model."""
+    c = raw("modernbert")
+    with pytest.raises(SpecError) as e:
+        import_config(write(tmp_path, c | {"rope_parameters": {"rope_theta": 1e4, "rope_type": "default"}}))
+    assert e.value.key == "rope_parameters" and e.value.line is not None and "per layer type" in str(e.value)
+
+
 def test_gpt_neox_head_dim_other_than_its_heads_is_refused(tmp_path: Path) -> None:
     """transformers' GPT-NeoX turns head_dim x rotary_pct coordinates of heads hidden_size / heads wide: another
     head_dim breaks the real model (a fuzz case crashed `verify --backend torch`), so the import names the field."""

@@ -114,10 +114,13 @@ def resolvable(stack: Stack) -> bool:
         and (L + 1) * heads * T**3 <= ALIBI_FLOPS
 
 
+ROW_FLOOR = 1024  # a layer of the position-resolved engine costs ~1 ms however short T (Python per operation)
+
+
 def fits(layers: int, seq_len: int) -> bool:
-    """The position-resolved engine's reach: (layers + 1) x T cells, and T up to BACKWARD_T (its per-position
-    temporaries: about 2 GB at T = 4e6)."""
-    return (layers + 1) * seq_len <= CAUSAL_CELLS and seq_len <= BACKWARD_T
+    """The position-resolved engine's reach: (layers + 1) x max(T, ROW_FLOOR) cells (a 100000-layer causal stack at
+    T = 6 took 100 s), and T up to BACKWARD_T (its per-position temporaries: about 2 GB at T = 4e6)."""
+    return (layers + 1) * max(seq_len, ROW_FLOOR) <= CAUSAL_CELLS and seq_len <= BACKWARD_T
 
 
 def notes(spec) -> list[str]:
@@ -126,8 +129,9 @@ def notes(spec) -> list[str]:
         return [f"causal: T = {spec.seq_len} exceeds {BACKWARD_T} positions: the position-resolved prediction is "
                 "skipped, rows (forward and gradient) use the late-token pair"]
     if spec.causal and not fits(spec.layers, spec.seq_len):
-        return [f"causal: (layers + 1) x T = {(spec.layers + 1) * spec.seq_len:.3g} exceeds {CAUSAL_CELLS:.0e} "
-                "positions x layers: the position-resolved prediction is skipped, rows use the late-token pair"]
+        cells = (spec.layers + 1) * max(spec.seq_len, ROW_FLOOR)
+        return [f"causal: (layers + 1) x max(T, {ROW_FLOOR}) = {cells:.3g} exceeds {CAUSAL_CELLS:.0e} positions x "
+                "layers: the position-resolved prediction is skipped, rows use the late-token pair"]
     T = spec.seq_len
     if spec.alibi and ((spec.layers + 1) * T * T > WINDOW_CELLS or (spec.layers + 1) * spec.heads * T**3 > ALIBI_FLOPS):
         most = int(min((WINDOW_CELLS / (spec.layers + 1)) ** 0.5,

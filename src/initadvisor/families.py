@@ -367,6 +367,10 @@ def _modernbert(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     else:
         every = g("global_attn_every_n_layers", "posint", 3)
         blocks = [i + 1 for i in range(layers) if i % every]
+    rp = cfg.raw.get("rope_parameters")
+    if isinstance(rp, dict) and rp and not all(isinstance(v, dict) for v in rp.values()):
+        raise cfg.error("ModernBERT's rope_parameters are per layer type ({\"full_attention\": {...}, "
+                        "\"sliding_attention\": {...}}): transformers refuses a flat one", "rope_parameters")
     rope = _rotary(cfg, notes)
     cutoff = g("initializer_cutoff_factor", "float", 2.0, spec_key="init.std") or 3.0
     r = _init_std(cfg, notes)

@@ -203,7 +203,9 @@ class Spec:
 
     def to_dict(self) -> dict[str, Any]:
         """The normalised spec in the YAML layout, defaults filled in; `build_spec` reads it back."""
-        skip = ("q", "k") if self.qk_beta is not None else ()  # they follow from qk_beta
+        given = self.qk_beta is not None  # what follows from qk_beta is not written: the Q/K stds, or (latent
+        skip = ("q", "k") if given and not self.latent else ()  # attention: its up projections' gains) the scale
+        scale = None if given and self.latent else self.softmax_scale
         init: dict[str, Any] = {m: {"std": i.std, "bias_std": i.bias_std}
                                 for m, i in self.init.items() if m not in skip}
         if not self.tie_embeddings and self.head is not None:
@@ -216,7 +218,7 @@ class Spec:
                 "layers": self.layers, "d_model": self.d_model, "heads": self.heads, "kv_heads": self.kv_heads,
                 "d_ff": self.d_ff, "norm": self.norm, "norm_type": self.norm_type, "attention": self.attention,
                 "out_proj": self.out_proj, "causal": self.causal, "activation": self.activation,
-                "softmax_scale": self.softmax_scale, "embedding_norm": self.embedding_norm,
+                "softmax_scale": scale, "embedding_norm": self.embedding_norm,
                 "parallel_residual": self.parallel_residual, "final_norm": self.final_norm,
                 "tie_embeddings": self.tie_embeddings, "head_transform": self.head_transform,
                 "logit_softcap": self.logit_softcap, "qk_norm": self.qk_norm, "norm_eps": self.norm_eps,
@@ -574,8 +576,8 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
         raise _fail("the head is the token embedding (model.tie_embeddings: true), so init.embedding sets it; "
                     "set model.tie_embeddings: false to give the head its own init", "init.head", lines, fname)
     qk_beta = ini.get("qk_beta")
-    if qk_beta is not None and ("q" in ini or "k" in ini):
-        raise _fail("give either qk_beta or q/k, not both", "init.qk_beta", lines, fname)
+    if qk_beta is not None and ("q" in ini or "k" in ini) and data.get("latent_attention") is None:
+        raise _fail("give either qk_beta or q/k, not both", "init.qk_beta", lines, fname)  # (latent: the scale)
     moe = data.get("moe")
     if moe is not None:
         if "experts" not in moe:
@@ -636,9 +638,9 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
     )
     try:
         _check_consistency(spec)
-        return _resolve_qk_beta(spec)
     except SpecError as e:
         raise _fail(e.message, e.key or "", lines, fname) from None
+    return _resolve_qk_beta(spec)
 
 
 def _stem_name(fname: str) -> str:
@@ -652,11 +654,7 @@ def _resolve_qk_beta(spec: Spec) -> Spec:
     """With init.qk_beta, the Q and K stds are the ones that realise it at the spec's T (001 eq. 9)."""
     if spec.qk_beta is None:
         return spec
-    out = replace(spec.with_beta(spec.qk_beta), qk_beta=spec.qk_beta)
-    if not 1e-8 <= out.softmax_scale < 1e6:  # latent attention: the softmax scale realises it (and is written out)
-        raise SpecError(f"{spec.qk_beta:g} needs model.softmax_scale {out.softmax_scale:.3g}, outside [1e-8, 1e6)",
-                        key="init.qk_beta")
-    return out
+    return replace(spec.with_beta(spec.qk_beta), qk_beta=spec.qk_beta)
 
 
 def _check_consistency(spec: Spec) -> None:
