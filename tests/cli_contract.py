@@ -197,7 +197,7 @@ def valid_spec(r, max_layers: int = 2000, small: bool = False) -> dict:
         lat["rope_dim"] = 2 * r.integer(0, 4 if small else 64) if model.get("rope_theta") else 0
         opt(lat, "q_rank", lambda: None if r.coin(0.3) else max(1, int(r.real(1, width, log=True))))
         opt(lat, "down_std", lambda: None if r.coin(0.2) else real(r, 1e-8, 999999.0, (0.005, 0.2)))
-        if model.get("out_proj", True) or heads * lat["v_dim"] == d:
+        if model.get("out_proj", True):  # latent attention is modelled with its output projection
             data["latent_attention"] = lat
     if r.coin(0.1) and model.get("causal") and not (model.get("sliding_window") or model.get("rope_theta")
                                                      or "latent_attention" in data

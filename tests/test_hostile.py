@@ -498,3 +498,16 @@ def test_deep_causal_stack_skips_the_position_resolved_engine():
     assert any("max(T, 1024)" in n and "late-token pair" in n for n in notes(spec))
     assert causal_trace(from_spec(build_spec({**spec.to_dict(), "model": {**spec.to_dict()["model"],
                                                                           "layers": 9000}}))) is not None
+
+
+def test_latent_attention_without_its_output_projection_is_refused():
+    """Its moment-equivalent heads (stack._latent_equivalent) are not v_dim wide, so without an output projection
+    the numpy and PyTorch networks could not be built: `check` accepted such a spec and `verify` crashed (a fuzz
+    case). Refused at load, naming the key."""
+    data = {"model": {"layers": 2, "d_model": 1, "heads": 1, "norm": "pre", "causal": True, "out_proj": False,
+                      "rope_theta": 1e4},
+            "latent_attention": {"kv_rank": 31, "nope_dim": 1, "rope_dim": 6, "v_dim": 1}}
+    with pytest.raises(SpecError) as e:
+        build_spec(data)
+    assert e.value.key == "model.out_proj"
+    build_spec({**data, "model": {**data["model"], "out_proj": True}})

@@ -700,9 +700,9 @@ def _check_consistency(spec: Spec) -> None:
     if spec.latent and spec.qk_norm != "none":
         raise SpecError("latent attention normalises its latents, not the queries and keys: qk_norm is not modelled "
                         "with it", key="model.qk_norm")
-    if spec.latent and not spec.out_proj and spec.heads * spec.latent.v_dim != spec.d_model:
-        raise SpecError(f"heads * v_dim = {spec.heads * spec.latent.v_dim} != d_model ({spec.d_model}) needs the "
-                        "output projection (model.out_proj: true)", key="latent_attention.v_dim")
+    if spec.latent and not spec.out_proj:  # its moment-equivalent heads (stack._latent_equivalent) are not v_dim wide
+        raise SpecError("latent attention is modelled with its output projection (DeepSeek's o_proj): set "
+                        "model.out_proj: true", key="model.out_proj")
     if spec.latent and spec.latent.rope_dim % 2:
         raise SpecError(f"must be even (pairs of coordinates turn), got {spec.latent.rope_dim}",
                         key="latent_attention.rope_dim")
