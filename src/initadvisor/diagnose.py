@@ -9,6 +9,7 @@ import numpy as np
 from initadvisor import __version__
 from initadvisor.core import gradients as G
 from initadvisor.core.attention import phase
+from initadvisor.core.distances import propagate_distances
 from initadvisor.core.model import BACKWARD_T, Stack, Trace, propagate, propagate_causal
 from initadvisor.loss import initial_loss
 from initadvisor.numbers import clean, overflow_findings
@@ -96,9 +97,14 @@ def causal_trace(stack: Stack, backward: bool = False):
     """The position-resolved prediction for causal models and for bidirectional ones with sliding windows (None
     otherwise, or beyond CAUSAL_CELLS / WINDOW_CELLS); backward: with the gradient where it resolves it (causal
     rows over all keys)."""
-    if not (stack.layers[0].causal or stack.windowed) or not resolvable(stack):
+    if not (stack.layers[0].causal or stack.windowed):
         return None
-    return propagate_causal(stack, backward=backward)
+    if resolvable(stack):
+        return propagate_causal(stack, backward=backward)
+    if stack.windowed and fits(len(stack.layers), stack.embeddings.seq_len):  # the late tokens, distance-resolved
+        q0, p0 = stack.embeddings.moments()
+        return propagate_distances(stack.blocks, q0, p0, stack.embeddings.seq_len)
+    return None
 
 
 WINDOW_CELLS = 2 * 10**7  # sliding-window rows run at full resolution: (layers + 1) x T^2 overlaps at most (~3 s)
@@ -133,19 +139,26 @@ def notes(spec) -> list[str]:
         return [f"causal: (layers + 1) x max(T, {ROW_FLOOR}) = {cells:.3g} exceeds {CAUSAL_CELLS:.0e} positions x "
                 "layers: the position-resolved prediction is skipped, rows use the late-token pair"]
     T = spec.seq_len
+    late = (DISTANCES if fits(spec.layers, T) else "the position-resolved prediction is skipped, and the late-token "
+            "pair stands in (it overstates rho: near and far tokens alike get the correlation near ones gain by "
+            "sharing keys)")
     if spec.alibi and ((spec.layers + 1) * T * T > WINDOW_CELLS or (spec.layers + 1) * spec.heads * T**3 > ALIBI_FLOPS):
         most = int(min((WINDOW_CELLS / (spec.layers + 1)) ** 0.5,
                        (ALIBI_FLOPS / ((spec.layers + 1) * spec.heads)) ** (1 / 3)))
         return [f"ALiBi: its rows are resolved per position up to (layers + 1) x T^2 = {WINDOW_CELLS:.0e} and (layers "
-                f"+ 1) x heads x T^3 = {ALIBI_FLOPS:.0e} (here T = {T}; --seq-len {most} fits): the position-resolved "
-                "prediction is skipped, and the late-token pair (each head a window of its effective keys coth(m_h / "
-                "2)) stands in: within 0.12 of the resolved late third's rho"]
+                f"+ 1) x heads x T^3 = {ALIBI_FLOPS:.0e} (here T = {T}; --seq-len {most} fits): {late} (each head a "
+                "window of its effective keys coth(m_h / 2))"]
     if spec.sliding_window and spec.sliding_window < T and (spec.layers + 1) * T * T > WINDOW_CELLS:
         most = int((WINDOW_CELLS / (spec.layers + 1)) ** 0.5)
         return [f"sliding window: its rows are resolved per position up to (layers + 1) x T^2 = {WINDOW_CELLS:.0e} "
-                f"(here T = {T}; --seq-len {most} fits): the position-resolved prediction is skipped, and the "
-                "late-token pair (a REM at W keys) overstates rho"]
+                f"(here T = {T}; --seq-len {most} fits): {late}"]
     return []
+
+
+DISTANCES = ("the late tokens are resolved by distance instead (core/distances.py: past its first W positions a "
+             "window's row sees W keys and two tokens' overlap is a function of their distance; within 0.011 of the "
+             "per-position engine's late-third rho where both run): the early positions are taken as late ones, and "
+             "the gradient comes from the late-token pair")
 
 
 def causal_summary(spec, ct) -> dict | None:

@@ -112,6 +112,7 @@ class CausalTrace:
     grad_p: np.ndarray | None = None  # (L+1,) its mean over pairs of positions m != n, over index L's q
     qk_share: np.ndarray | None = None  # (L,) the share of the gradient's q at each attention input through its
     # query/key path, over all positions
+    stationary: bool = False  # the late tokens' distance-resolved state (distances.py): every position as a late one
 
     @property
     def rho_last(self) -> np.ndarray:
@@ -298,7 +299,7 @@ def _series_pair(f, a: np.ndarray, C: np.ndarray, K: int = 40) -> np.ndarray:
     tail = np.maximum(ef2 - (h[:, :K + 1] ** 2).sum(1), 0.0)
     s = np.sqrt(a)
     r = np.clip(C / np.multiply.outer(s, s), -1.0, 1.0)
-    out = np.multiply.outer(h[:, K], h[:, K])
+    out = np.broadcast_to(np.multiply.outer(h[:, K], h[:, K]), r.shape).copy()  # (C may be one row's: 1 x n)
     for k in range(K - 1, -1, -1):  # Horner in r
         out *= r
         out += np.multiply.outer(h[:, k], h[:, k])

@@ -28,6 +28,7 @@ import numpy as np
 
 from initadvisor.core import attention as att
 from initadvisor.core import causal as cz
+from initadvisor.core import distances as dz
 from initadvisor.core import gradients as G
 from initadvisor.core import kernels, routing
 from initadvisor.core.softmax_rows import expected_y
@@ -383,17 +384,21 @@ class Residual:
     branches: tuple  # ((block scale, ops), ...)
     shared: tuple = ()
 
-    def moments(self, q, p):
-        qs, ps, cs = moments_forward(self.shared, q, p) if self.shared else (q, p, [])
+    def moments(self, q, p, run=moments_forward):
+        qs, ps, cs = run(self.shared, q, p) if self.shared else (q, p, [])
         qo, po, caches = q, p, []
         for i, (b, ops) in enumerate(self.branches):
-            qf, pf, c = moments_forward(ops, qs, ps)
+            qf, pf, c = run(ops, qs, ps)
             caches.append(c)
             if i == 0:
                 qo, po = self.skip**2 * q + b**2 * qf, self.skip**2 * p + b**2 * pf
             else:
                 qo, po = qo + b**2 * qf, po + b**2 * pf
         return qo, po, (cs, caches)
+
+    def distances(self, q, c):
+        """The distance-resolved state (distances.py): the same sum, its branches run by distance_forward."""
+        return self.moments(q, c, dz.distance_forward)
 
     def moments_backward(self, gq, gp, cache):
         cs, caches = cache
@@ -887,6 +892,54 @@ class Attention:
         return O, cz.AttentionRows(y2, bc, O.qf, qk, overlap=yp / np.multiply.outer(sy, sy), keys=(lo, hi, w),
                                    shared=(yp - shared, shared * np.multiply.outer(w, w)))
 
+    def distances(self, q, c):
+        """Late rows on the distance-resolved state (distances.py): _causal_window's terms with C[m, n] = c(|m - n|).
+        A window's rows (n keys) overlap on the n x n key pairs of two rows delta apart (a triangle kernel) and share
+        n - delta keys; rows over all keys (a global layer; causal ones as the late rows, all T keys) see the same
+        sum and share every key. Rows of fewer keys (the first positions) get their own Y2, beta_c and output
+        variance from the same profile (reported per position; the state keeps the late rows')."""
+        P = self.P
+        if P.alibi:  # the heads' mean, each as a window of its effective keys (_alibi_heads)
+            heads = self._alibi_heads()
+            outs = [h.distances(q, c) for h, _ in heads]
+            mean = lambda i: sum(w * o[i] for (_, w), o in zip(heads, outs))  # noqa: E731
+            rows = cz.AttentionRows(*(sum(w * getattr(o[2], k) for (_, w), o in zip(heads, outs))
+                                      for k in ("y2", "beta_c", "var")))
+            return mean(0), mean(1), rows
+        T = c.size + 1
+        lnT = math.log(P.seq_len) if np.isfinite(P.seq_len) else math.log(T)
+        t = np.arange(T)
+        if P.causal:
+            n = int(min(P.window, T)) if P.window else T
+            w = np.minimum(t + 1, n)
+        else:
+            h = P.window // 2 if P.window else T
+            n = min(2 * h + 1, T)
+            w = np.minimum(t, h) + np.minimum(T - 1 - t, h) + 1
+        ms, at = np.unique(w, return_inverse=True)  # row sizes; the last is the late rows' (n keys)
+        pbar = np.where(ms > 1, dz.pair_means(c, ms), q)
+        kbar = pbar * att.rope_rows(T, P.d_head, P.rope_theta, P.rope_fraction)[ms - 1] if P.rope_theta else pbar
+        qb = float(P.q_bias)
+        qq = q + qb
+        bc = self._qk_normed_beta_c(q, kbar, qq) if P.qk_norm != "none" else att.beta_c(q, kbar, qq)
+        y2, v, _ = cz.row_statistics(P.beta, bc, lnT, ms.astype(float))
+        g_v, b_v2, keep = float(P.g_v), float(P.b_v2), 1.0 - float(P.attn_dropout)
+        gap = g_v * np.maximum(q - kbar, 0.0)
+        rep = self._repeats(bc[at], lnT, w.astype(float), np.full(T, q), kbar[at]) + np.zeros(T)  # per position
+        var = (g_v * (ms * q + ms * (ms - 1.0) * pbar) / ms**2 + b_v2 + (y2 - 1.0 / ms) * gap
+               + (1.0 / keep - 1.0) * y2 * (g_v * q + b_v2))[at] + rep
+        d = np.arange(1, T)
+        if n < T:
+            tot = dz.triangle_sums(q, c, n)
+            shared = np.maximum(n - d, 0) / float(n * n)
+        else:
+            tot = np.full(T, T * q + T * (T - 1.0) * pbar[-1])
+            shared = np.full(T - 1, 1.0 / T)
+        yp = np.minimum(np.exp((c + qb) / qq * v[-1]) * shared, y2[-1])
+        out = (yp - shared) * gap[-1] + g_v * tot[1:] / float(n * n) + b_v2
+        qo, po = linear(float(var[np.argmax(w)]), out, float(P.g_o), float(P.b_o2))
+        return qo, po, cz.AttentionRows(y2[at], bc[at], linear(var, 0.0, float(P.g_o), float(P.b_o2))[0])
+
     def draws(self):
         """(name, shape, std, phase): matrices, then biases (phase 1); a zero bias std draws no bias."""
         P, d = self.P, self.P.d_model
@@ -1110,15 +1163,19 @@ class MLP:
 
     P: BlockParams
 
-    def moments(self, q, p):
+    def moments(self, q, p, kernel=kernels.forward):
         """001 eq. 16 generalised by kernels; gated: independent gate and up projections."""
         P = self.P
         q1, p1 = linear(q, p, P.g_1, P.b_12)
-        kq, kp = kernels.forward(P.activation, q1, p1)
+        kq, kp = kernel(P.activation, q1, p1)
         if P.activation in GATED:
             kq, kp = kq * q1, kp * p1
         q2, p2 = linear(kq, kp, P.g_2, P.b_22)
         return q2, p2, (q1, p1)
+
+    def distances(self, q, c):
+        """The distance-resolved state: one variance, T - 1 overlaps (the causal engine's series kernels)."""
+        return self.moments(q, c, dz.series_forward)
 
     def moments_backward(self, gq, gp, cache):
         P = self.P
@@ -1227,12 +1284,16 @@ class MoE:
         return routing.statistics(P.experts, P.top_k, P.router, P.route_norm, P.route_scale, P.g_r * q, rho,
                                   P.route_groups, P.route_top_groups)
 
-    def moments(self, q, p):
+    def moments(self, q, p, kernel=kernels.forward):
         """routing's q_y = A q_f, p_y = B p_f; a shared expert adds its own (q_f, p_f)."""
-        q2, p2, c = self.expert.moments(q, p)
+        q2, p2, c = self.expert.moments(q, p, kernel)
         A, B, F, Fx = self._stats(q, p)
         n = self.P.shared_experts
         return (A + n) * q2, (B + n) * p2, (c, q2, p2, F, Fx, A, B)
+
+    def distances(self, q, c):
+        """The distance-resolved state, as MLP.distances."""
+        return self.moments(q, c, dz.series_forward)
 
     def moments_backward(self, gq, gp, cache):
         """The experts' path (A, B times the MLP's backward) plus the router's, g_r q_f gq F (routing)."""
