@@ -680,3 +680,49 @@ def test_bloom_mapping_and_init(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="after the input norm") as e:
         import_config(write(tmp_path, c | {"apply_residual_connection_post_layernorm": True}))
     assert e.value.key == "apply_residual_connection_post_layernorm"
+
+
+def test_gemma3_multimodal_wrapper(tmp_path: Path) -> None:
+    """model_type gemma3 (Gemma3ForConditionalGeneration, the Hub's Gemma 3 4B-27B): its language model from
+    text_config, drawn with text_config's initializer_range (the wrapper's own is not read: measured on the real
+    wrapper model), the text config's defaults where it is silent, errors naming text_config's fields."""
+    text = {k: v for k, v in raw("gemma3_text").items() if k != "model_type"}
+    text["initializer_range"] = 0.05
+    wrapper = {"model_type": "gemma3", "initializer_range": 0.01, "text_config": {"model_type": "gemma3_text", **text},
+               "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                                 "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28,
+                                 "patch_size": 14},
+               "mm_tokens_per_image": 4}
+    spec, notes = import_config(write(tmp_path, wrapper))
+    alone, _ = import_config(write(tmp_path, {**text, "model_type": "gemma3_text"}, "t.json"))
+    assert dataclasses.replace(spec, name="", source=None, notes=()) == \
+        dataclasses.replace(alone, name="", source=None, notes=())
+    assert spec.init["q"].std == 0.05 and spec.name == "gemma3"
+    assert {"vision_config", "initializer_range", "mm_tokens_per_image"} <= ignored_fields(notes)
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForConditionalGeneration(transformers.AutoConfig.for_model(**wrapper))
+    q = torch.cat([p.flatten() for n, p in model.named_parameters() if "language_model" in n and "q_proj" in n])
+    assert q.pow(2).mean().sqrt().item() == pytest.approx(0.05, rel=0.05)
+    from initadvisor.api import verify
+    from initadvisor.audit import audit_config
+
+    path = write(tmp_path, wrapper)
+    assert audit_config(path).findings == []  # the language model as transformers builds it: no silent-init finding
+    assert set(verify(path, backend="torch", seeds=1, batch=1).max_error) >= {"rho", "q", "grad_q"}  # it builds
+
+    quiet = {k: v for k, v in text.items() if k not in ("vocab_size", "max_position_embeddings")}
+    spec, notes = import_config(write(tmp_path, {**wrapper, "text_config": quiet}))
+    assert (spec.vocab, spec.seq_len) == (262208, 131072)  # Gemma3TextConfig's defaults
+    assert any("text_config.vocab_size=262208" in n for n in notes)
+    for bad, key in (({k: v for k, v in wrapper.items() if k != "text_config"}, "text_config"),
+                     ({**wrapper, "text_config": [1]}, "text_config"),
+                     ({**wrapper, "text_config": {**text, "hidden_size": -3}}, "text_config.hidden_size")):
+        with pytest.raises(SpecError) as e:
+            import_config(write(tmp_path, bad))
+        assert e.value.key == key
+    lines = (tmp_path / "config.json").read_text().splitlines()
+    assert e.value.line == 1 + next(i for i, ln in enumerate(lines) if '"text_config"' in ln)  # its fields have none

@@ -35,12 +35,15 @@ class _Config:
         self.key_lines = _top_level_key_lines(text)
         self.src: dict[str, str] = {}  # spec key path -> config field it came from
         self.seq_len: int | None = None  # sequence length given by the caller, if any
+        self.prefix = ""  # a nested config's key in its wrapper's ("text_config."): errors name the full path
+        self.nested: _Config | None = None  # a multimodal wrapper's language model (WRAPPERS)
+        self.home: int | None = None  # a nested config's line in its wrapper (where its missing keys belong)
 
     def line(self, key: str) -> int | None:
-        return self.key_lines.get(key)
+        return self.key_lines.get(key, self.home)
 
     def error(self, msg: str, key: str) -> SpecError:
-        return SpecError(msg, self.fname, self.line(key), key)
+        return SpecError(msg, self.fname, self.line(key), self.prefix + key)
 
     def get(self, key: str, kind: str, default: Any = None, *, required: bool = False, spec_key: str | None = None,
             aliases: tuple[str, ...] = ()) -> Any:
@@ -172,12 +175,13 @@ def read_hf_config(path: str | Path, seq_len: int | None = None) -> tuple[dict[s
 def import_config(path: str | Path, seq_len: int | None = None) -> tuple[Spec, list[str]]:
     """Read a config.json and build the validated Spec (errors name the config file and field)."""
     out, notes, cfg = _read(path, seq_len)
-    lines = {k: cfg.line(f) for k, f in cfg.src.items() if cfg.line(f)}
+    src = cfg.nested or cfg  # where the spec's keys came from: a wrapper's nested language model
+    lines = {k: src.line(f) for k, f in src.src.items() if src.line(f)}
     try:
         spec = build_spec(out, lines, cfg.fname)
     except SpecError as e:
-        field_name = cfg.src.get(e.key or "")
-        key = f"{field_name} ({e.key})" if field_name else e.key
+        field_name = src.src.get(e.key or "")
+        key = f"{src.prefix}{field_name} ({e.key})" if field_name else e.key
         raise SpecError(e.message, cfg.fname, e.line, key) from None
     return spec, notes
 
@@ -191,10 +195,15 @@ def _read(path: str | Path, seq_len: int | None) -> tuple[dict[str, Any], list[s
         notes.append(f"sequence.length {seq_len} as requested "
                      f"(the config's position embeddings allow up to {out['sequence']['length']})")
         out["sequence"]["length"] = seq_len
-        cfg.src.pop("sequence.length", None)
-    if cfg.defaulted:
-        notes.append("not in the config, transformers' default used: " + ", ".join(cfg.defaulted))
+        (cfg.nested or cfg).src.pop("sequence.length", None)
+    inner = cfg.nested
+    defaulted = cfg.defaulted + ([inner.prefix + k for k in inner.defaulted] if inner else [])
+    if defaulted:
+        notes.append("not in the config, transformers' default used: " + ", ".join(defaulted))
     ignored = sorted(k for k in data if k not in cfg.used)
+    if inner:
+        ignored += sorted(inner.prefix + k for k in data[inner.prefix[:-1]]
+                          if k not in inner.used and k != "model_type")
     if ignored:
         notes.append("ignored (no effect on signal propagation at initialisation): " + ", ".join(ignored))
     return out, notes, cfg
@@ -236,11 +245,49 @@ def to_yaml(spec_dict: dict[str, Any], notes: list[str] | tuple[str, ...] = (), 
 # Dispatch on model_type (the family mappings are in families.py)
 
 
+# Multimodal wrappers whose language model is a supported family: model_type -> (its model_type, the key holding it,
+# the nested config class's defaults for what the family mapping requires: transformers fills them in)
+WRAPPERS = {"gemma3": ("gemma3_text", "text_config", {  # Gemma3TextConfig
+    "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "max_position_embeddings": 131072})}
+
+
 def _map(cfg: _Config) -> tuple[dict[str, Any], list[str]]:
     mt = cfg.get("model_type", "str", required=True)
+    if mt in WRAPPERS:
+        return _map_wrapped(cfg, mt)
     family = FAMILIES.get(mt)
     if family is None:
         raise cfg.error(f"unsupported model_type {mt!r} (supported: {', '.join(SUPPORTED)})", "model_type")
     notes: list[str] = []
     name = cfg.get("_name_or_path", "str") or mt
     return {"version": VERSION, "name": name, **family.to_spec(cfg, family, notes)}, notes
+
+
+def language_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """The config of the stack the spec models, for transformers to build: a multimodal wrapper's language model
+    (its nested config; WRAPPERS), else `raw` itself."""
+    if raw.get("model_type") not in WRAPPERS or not isinstance(raw.get(WRAPPERS[raw["model_type"]][1]), dict):
+        return raw
+    inner_type, key, _ = WRAPPERS[raw["model_type"]]
+    return {**raw[key], "model_type": inner_type}
+
+
+def _map_wrapped(cfg: _Config, mt: str) -> tuple[dict[str, Any], list[str]]:
+    """A multimodal wrapper (Gemma 3's Gemma3ForConditionalGeneration): its language model, read from the nested
+    config as its own family (transformers draws it with the nested config's initializer_range, not the wrapper's:
+    measured on the real model)."""
+    inner_type, key, defaults = WRAPPERS[mt]
+    sub = cfg.get(key, "any", required=True)
+    if not isinstance(sub, dict):
+        raise cfg.error(f"expected a JSON object (the language model's {inner_type} config)", key)
+    inner = _Config({**defaults, **sub, "model_type": inner_type}, "", cfg.fname)
+    inner.key_lines = {k: cfg.line(key) for k in (*defaults, *sub, "model_type")}
+    inner.home = cfg.line(key)
+    inner.prefix, inner.seq_len, cfg.nested = key + ".", cfg.seq_len, inner
+    inner.defaulted += [f"{k}={v}" for k, v in defaults.items() if sub.get(k) is None]
+    out, notes = _map(inner)
+    out["name"] = cfg.get("_name_or_path", "str") or mt
+    notes.insert(0, f"model_type {mt!r}: the language model, from {key} ({inner_type}); the vision tower and the "
+                    "multimodal projector are not modelled (text tokens only)")
+    return out, notes
