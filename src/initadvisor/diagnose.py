@@ -103,7 +103,7 @@ def causal_trace(stack: Stack, backward: bool = False):
         return propagate_causal(stack, backward=backward)
     if stack.windowed and fits(len(stack.layers), stack.embeddings.seq_len):  # the late tokens, distance-resolved
         q0, p0 = stack.embeddings.moments()
-        return propagate_distances(stack.blocks, q0, p0, stack.embeddings.seq_len)
+        return propagate_distances(stack.blocks, q0, p0, stack.embeddings.seq_len, backward=backward)
     return None
 
 
@@ -157,8 +157,8 @@ def notes(spec) -> list[str]:
 
 DISTANCES = ("the late tokens are resolved by distance instead (core/distances.py: past its first W positions a "
              "window's row sees W keys and two tokens' overlap is a function of their distance; within 0.011 of the "
-             "per-position engine's late-third rho where both run): the early positions are taken as late ones, and "
-             "the gradient comes from the late-token pair")
+             "per-position engine's late-third rho where both run; the gradient the same way, within 4% at all but the "
+             "first indices): the early positions are taken as late ones")
 
 
 def causal_summary(spec, ct) -> dict | None:

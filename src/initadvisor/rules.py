@@ -339,8 +339,8 @@ def causal_positions(spec, a) -> list[Finding]:
     e, m, late = a.ct.rho_thirds[-1]
     if a.ct.stationary:
         return [finding("IA901", f"causal attention, late tokens resolved by distance (too long to resolve per "
-                                 f"position): final rho {show(late, '.3f')}, early positions taken as late ones; "
-                                 "attention phase and gradients from the late-token pair (001 C.6)")]
+                                 f"position): final rho {show(late, '.3f')}, early positions taken as late ones, the "
+                                 "gradient the late tokens'; attention phase from the late-token pair (001 C.6)")]
     return [finding("IA901", f"causal attention, position-resolved: final rho {show(e, '.3f')} / "
                              f"{show(m, '.3f')} / {show(late, '.3f')} "
                              f"for early / middle / late tokens (mean {show(a.ct.rho_mean[-1], '.3f')}); attention phase "

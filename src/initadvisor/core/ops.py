@@ -400,14 +400,17 @@ class Residual:
         """The distance-resolved state (distances.py): the same sum, its branches run by distance_forward."""
         return self.moments(q, c, dz.distance_forward)
 
-    def moments_backward(self, gq, gp, cache):
+    def distances_backward(self, gq, gp, cache):
+        return self.moments_backward(gq, gp, cache, dz.distance_backward)
+
+    def moments_backward(self, gq, gp, cache, run=moments_backward):
         cs, caches = cache
         sq = sp = None
         for (b, ops), c in zip(self.branches, caches):
-            bq, bp = moments_backward(ops, b**2 * gq, b**2 * gp, c)
+            bq, bp = run(ops, b**2 * gq, b**2 * gp, c)
             sq, sp = (bq, bp) if sq is None else (sq + bq, sp + bp)
         if self.shared:
-            sq, sp = moments_backward(self.shared, sq, sp, cs)
+            sq, sp = run(self.shared, sq, sp, cs)
         return self.skip**2 * gq + sq, self.skip**2 * gp + sp
 
     def causal(self, G, S):
@@ -902,10 +905,10 @@ class Attention:
         if P.alibi:  # the heads' mean, each as a window of its effective keys (_alibi_heads)
             heads = self._alibi_heads()
             outs = [h.distances(q, c) for h, _ in heads]
-            mean = lambda i: sum(w * o[i] for (_, w), o in zip(heads, outs))  # noqa: E731
-            rows = cz.AttentionRows(*(sum(w * getattr(o[2], k) for (_, w), o in zip(heads, outs))
-                                      for k in ("y2", "beta_c", "var")))
-            return mean(0), mean(1), rows
+            mean = lambda x: sum(w * v for (_, w), v in zip(heads, x))  # noqa: E731
+            rows = dz.LateRows(*(mean([getattr(o[2], k) for o in outs]) for k in ("y2", "beta_c", "var")),
+                               heads=tuple((h, o[2], w) for (h, w), o in zip(heads, outs)))
+            return mean([o[0] for o in outs]), mean([o[1] for o in outs]), rows
         T = c.size + 1
         lnT = math.log(P.seq_len) if np.isfinite(P.seq_len) else math.log(T)
         t = np.arange(T)
@@ -922,7 +925,7 @@ class Attention:
         qb = float(P.q_bias)
         qq = q + qb
         bc = self._qk_normed_beta_c(q, kbar, qq) if P.qk_norm != "none" else att.beta_c(q, kbar, qq)
-        y2, v, _ = cz.row_statistics(P.beta, bc, lnT, ms.astype(float))
+        y2, v, ys = cz.row_statistics(P.beta, bc, lnT, ms.astype(float))
         g_v, b_v2, keep = float(P.g_v), float(P.b_v2), 1.0 - float(P.attn_dropout)
         gap = g_v * np.maximum(q - kbar, 0.0)
         rep = self._repeats(bc[at], lnT, w.astype(float), np.full(T, q), kbar[at]) + np.zeros(T)  # per position
@@ -938,7 +941,48 @@ class Attention:
         yp = np.minimum(np.exp((c + qb) / qq * v[-1]) * shared, y2[-1])
         out = (yp - shared) * gap[-1] + g_v * tot[1:] / float(n * n) + b_v2
         qo, po = linear(float(var[np.argmax(w)]), out, float(P.g_o), float(P.b_o2))
-        return qo, po, cz.AttentionRows(y2[at], bc[at], linear(var, 0.0, float(P.g_o), float(P.b_o2))[0])
+        qk = (lnT, float(n), qq, q - kbar[-1], kbar[-1] + qb, g_v * max(q - pbar[-1], 0.0), tuple(y[-1] for y in ys))
+        return qo, po, dz.LateRows(y2[at], bc[at], linear(var, 0.0, float(P.g_o), float(P.b_o2))[0], n, n < T,
+                                   float(y2[-1]), float(bc[-1]), yp - shared, yp / y2[-1], qk)
+
+    def distances_backward(self, gq, gp, rows):
+        """causal_backward's window branch on the distance-resolved state: every late key is read by n late rows
+        (a global layer: by all T), so the rows' transpose (cz.mix_backward_window) and the query/key path's
+        window sums become sums over distances: two keys delta apart have n - delta common readers, and the
+        readers of two keys form two n-blocks delta apart (the forward's triangle kernel)."""
+        P = self.P
+        if rows.heads:  # ALiBi: the heads' mean
+            grads = [h.distances_backward(gq, gp, hr) for h, hr, _ in rows.heads]
+            rows.qk_share = sum(w * hr.qk_share for _, hr, w in rows.heads)
+            return (sum(w * g[0] for (_, _, w), g in zip(rows.heads, grads)),
+                    sum(w * g[1] for (_, _, w), g in zip(rows.heads, grads)))
+        g_o, g_v, drop = float(P.g_o), float(P.g_v), float(P.attn_dropout)
+        g, Pg = g_o * gq, g_o * gp
+        n, T = rows.n, gp.size + 1
+        blocks = dz.BlockSums(n, T, rows.local)
+        dd, _, s2, _ = att.mixing(rows.y2_late, 0.0, 1.0, False, drop)
+        a, a_key, h = (float(x) for x in self._qk_rows(rows.bc_late, *rows.qk))
+        # the value path: the late rows' transpose (mix_backward_window), its shared-key part (Z, Z2)
+        d = np.arange(1, T)
+        common = blocks.common(d)  # readers two keys delta apart share
+        with np.errstate(divide="ignore", invalid="ignore"):
+            Z = np.where(common > 0, Pg * rows.fl / common, 0.0)
+            Z2 = np.where(common > 1, Z / (common - 1.0), 0.0)
+        X = blocks.pairs(Pg) / float(n * n)
+        diag = dd * g + X[0] + blocks.pairs(Z)[0]
+        out = common * (s2 - dd) * g / (n * (n - 1.0)) + X[1:] - blocks.within(Z2, common)
+        if P.causal and not rows.local:  # causal rows over all keys: key s is read by rows t >= s of t keys each,
+            # the late-token pair's column moments (att.mix_backward) on the pairs' mean, as no key is a late one
+            mom = att.mixing(rows.y2_late, rows.y2_late * float(dz.pair_means(rows.overlap, [T])[0]), T, False, drop)
+            col = att.causal_column_scale(P.beta / rows.bc_late * math.sqrt(2.0 * rows.qk[0]), T)
+            diag, out = att.mix_backward(g, float(dz.pair_means(Pg, [T])[0]), mom, T, col)
+            out = np.full(T - 1, out)
+        # the query/key path: the query half, the key half over the row's keys, the queries' common part
+        ek = a_key * g
+        qk = a * g + ek + blocks.pairs(Pg * h * h * rows.overlap)[0] / float(n * n)
+        total = g_v * diag + qk
+        rows.qk_share = float(np.clip(qk / total, 0.0, 1.0)) if total > 0 else 0.0
+        return total, g_v * out - common * ek / (n * (n - 1.0))
 
     def draws(self):
         """(name, shape, std, phase): matrices, then biases (phase 1); a zero bias std draws no bias."""
@@ -1177,13 +1221,16 @@ class MLP:
         """The distance-resolved state: one variance, T - 1 overlaps (the causal engine's series kernels)."""
         return self.moments(q, c, dz.series_forward)
 
-    def moments_backward(self, gq, gp, cache):
+    def distances_backward(self, gq, gp, cache):
+        return self.moments_backward(gq, gp, cache, dz.series_forward, dz.series_backward)
+
+    def moments_backward(self, gq, gp, cache, kernel=kernels.forward, dkernel=kernels.backward):
         P = self.P
         q1, p1 = cache
         gq, gp = P.g_2b * gq, P.g_2b * gp
-        dq, dp = kernels.backward(P.activation, q1, p1)
+        dq, dp = dkernel(P.activation, q1, p1)
         if P.activation in GATED:
-            kq, kp = kernels.forward(P.activation, q1, p1)
+            kq, kp = kernel(P.activation, q1, p1)
             dq, dp = dq * q1 + kq, dp * p1 + kp  # gate path + up path
         return P.g_1b * dq * gq, P.g_1b * dp * gp
 
@@ -1295,10 +1342,13 @@ class MoE:
         """The distance-resolved state, as MLP.distances."""
         return self.moments(q, c, dz.series_forward)
 
-    def moments_backward(self, gq, gp, cache):
+    def distances_backward(self, gq, gp, cache):
+        return self.moments_backward(gq, gp, cache, dz.series_forward, dz.series_backward)
+
+    def moments_backward(self, gq, gp, cache, kernel=kernels.forward, dkernel=kernels.backward):
         """The experts' path (A, B times the MLP's backward) plus the router's, g_r q_f gq F (routing)."""
         c, q2, p2, F, Fx, A, B = cache
-        dq, dp = self.expert.moments_backward(gq, gp, c)
+        dq, dp = self.expert.moments_backward(gq, gp, c, kernel, dkernel)
         n, g_r = self.P.shared_experts, self.P.g_r
         return (A + n) * dq + g_r * q2 * gq * F, (B + n) * dp + g_r * p2 * gp * Fx
 
