@@ -186,3 +186,19 @@ def test_distance_gradient_keeps_what_the_late_token_pair_loses():
     pair = propagate(stack).grad_q
     assert np.max(pair / full) > 2.5
     np.testing.assert_allclose(dist, full, rtol=0.13)
+
+
+def test_distances_mixture_of_experts():
+    """Mixtral's routed MLP behind a window: the router's per-token weights at the one late variance (A, F) and per
+    distance (B, F_x), as the causal engine's groups; q stays one number (fuzz seed 87: it became a profile, and the
+    recommend of a windowed MoE spec crashed)."""
+    spec = window_spec(0.02, sliding_window=32)
+    data = spec.to_dict()
+    data["moe"] = {"experts": 8, "top_k": 2}
+    spec = build_spec(data)
+    stack = from_spec(spec)
+    full = propagate_causal(stack, backward=True)
+    dist = propagate_distances(stack.blocks, *stack.embeddings.moments(), spec.seq_len, backward=True)
+    assert dist.q.shape == full.q.shape
+    np.testing.assert_allclose(dist.rho_thirds[:, 2], full.rho_thirds[:, 2], atol=0.015)
+    np.testing.assert_allclose(dist.grad_q[1:], full.grad_q[1:], rtol=0.15)

@@ -1339,8 +1339,12 @@ class MoE:
         return (A + n) * q2, (B + n) * p2, (c, q2, p2, F, Fx, A, B)
 
     def distances(self, q, c):
-        """The distance-resolved state, as MLP.distances."""
-        return self.moments(q, c, dz.series_forward)
+        """The distance-resolved state: A and F at the one variance q (as `causal`), B and F_x per distance."""
+        q2, c2, cache = self.expert.moments(q, c, dz.series_forward)
+        A, _, F, _ = self._stats(q, q)
+        _, B, _, Fx = self._stats(q, c)
+        n = self.P.shared_experts
+        return (A + n) * q2, (B + n) * c2, (cache, q2, c2, F, Fx, A, B)
 
     def distances_backward(self, gq, gp, cache):
         return self.moments_backward(gq, gp, cache, dz.series_forward, dz.series_backward)
