@@ -11,6 +11,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from initadvisor.core.distances import pair_means, propagate_distances, triangle_sums
 from initadvisor.core.model import propagate, propagate_causal
@@ -202,3 +204,23 @@ def test_distances_mixture_of_experts():
     assert dist.q.shape == full.q.shape
     np.testing.assert_allclose(dist.rho_thirds[:, 2], full.rho_thirds[:, 2], atol=0.015)
     np.testing.assert_allclose(dist.grad_q[1:], full.grad_q[1:], rtol=0.15)
+
+
+@settings(derandomize=True, database=None, max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(T=st.integers(2, 300), W=st.integers(1, 310), L=st.integers(1, 6), std=st.floats(1e-4, 3.0),
+       norm=st.sampled_from(["pre", "post", "sandwich", "reordered", "none"]),
+       act=st.sampled_from(["relu", "gelu", "swiglu", "tanh", "linear"]), causal=st.booleans(), alibi=st.booleans(),
+       qk=st.sampled_from(["none", "head"]), drop=st.sampled_from([0.0, 0.3]))
+def test_distance_state_stays_a_state(T, W, L, std, norm, act, causal, alibi, qk, drop):
+    """Across the documented space (any window, T, norm, activation, ALiBi, QK-norm, attention dropout, init std
+    from 1e-4 to 3): every number finite, q > 0, rho in [-1, 1], gradients >= 0, shares in [0, 1]."""
+    model = {"layers": L, "d_model": 64, "heads": 2, "norm": norm, "activation": act, "causal": causal or alibi,
+             "qk_norm": qk, **({"alibi": True} if alibi else {"sliding_window": W})}
+    spec = build_spec({"model": model, "sequence": {"length": T, "vocab": 1000, "embeddings": ["token"]},
+                       "init": {"std": std}, "attention_dropout": drop})
+    stack = from_spec(spec)
+    ct = propagate_distances(stack.blocks, *stack.embeddings.moments(), T, backward=True)
+    for x in (ct.q, ct.rho_mean, ct.rho_thirds, ct.y2, ct.beta_c, ct.grad_q, ct.grad_p, ct.qk_share):
+        assert np.all(np.isfinite(x))
+    assert np.all(ct.q > 0) and np.all(np.abs(ct.rho_thirds) <= 1 + 1e-12) and np.all(ct.grad_q >= 0)
+    assert np.all((ct.qk_share >= 0) & (ct.qk_share <= 1))

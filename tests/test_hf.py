@@ -259,6 +259,17 @@ def test_modernbert_flat_rope_parameters_are_refused(tmp_path: Path) -> None:
     assert e.value.key == "rope_parameters" and e.value.line is not None and "per layer type" in str(e.value)
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt_neox", "qwen3", "phi3"])
+@pytest.mark.parametrize("key", ["rope_parameters", "rope_scaling"])
+def test_rope_fields_that_are_not_objects_are_refused(tmp_path: Path, family: str, key: str) -> None:
+    """transformers validates rope_parameters / rope_scaling as objects (or null): a number there (fuzz seed 88) was
+    ignored by the import, and `verify --backend torch` could not build the model."""
+    with pytest.raises(SpecError) as e:
+        import_config(write(tmp_path, raw(family) | {key: 1}))
+    assert e.value.key == key and e.value.line is not None
+    import_config(write(tmp_path, raw(family) | {key: None}))  # null: the family's default
+
+
 def test_gpt_neox_head_dim_other_than_its_heads_is_refused(tmp_path: Path) -> None:
     """transformers' GPT-NeoX turns head_dim x rotary_pct coordinates of heads hidden_size / heads wide: another
     head_dim breaks the real model (a fuzz case crashed `verify --backend torch`), so the import names the field."""

@@ -230,10 +230,11 @@ def _rotary(cfg: _Config, notes: list[str], partial_key: str | None = None) -> d
     """The spec's rope_theta and rotary_fraction: rope_parameters (transformers 5), else rope_theta /
     rotary_emb_base and partial_rotary_factor (or the family's `partial_key`); Gemma 3's per-layer-type bases:
     the sliding layers' (most of them); RoPE scaling is a note."""
-    rp = cfg.raw.get("rope_parameters")
-    rp = rp if isinstance(rp, dict) else {}
-    rs = cfg.raw.get("rope_scaling")
-    rs = rs if isinstance(rs, dict) else {}
+    for key in ("rope_parameters", "rope_scaling"):  # transformers validates them as objects (or null)
+        if cfg.raw.get(key) is not None and not isinstance(cfg.raw[key], dict):
+            raise cfg.error(f"expected a JSON object or null, got {str(cfg.raw[key])[:40]}", key)
+    rp = cfg.raw.get("rope_parameters") or {}
+    rs = cfg.raw.get("rope_scaling") or {}
     cfg.used.update(k for k in ("rope_parameters", "rope_theta", "rotary_emb_base", "partial_rotary_factor",
                                 "rope_scaling", partial_key) if k and k in cfg.raw)
     per_type = {k: v for k, v in rp.items() if isinstance(v, dict)}
