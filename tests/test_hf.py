@@ -737,3 +737,40 @@ def test_gemma3_multimodal_wrapper(tmp_path: Path) -> None:
         assert e.value.key == key
     lines = (tmp_path / "config.json").read_text().splitlines()
     assert e.value.line == 1 + next(i for i, ln in enumerate(lines) if '"text_config"' in ln)  # its fields have none
+
+
+ROPE_SCALINGS = [  # (family, config fields): yarn (default and DeepSeek-style mscales), longrope (factor given or not)
+    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}),
+    ("qwen2", {"rope_scaling": {"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 4096,
+                                "mscale": 0.707, "mscale_all_dim": 1.0}}),
+    ("gpt_neox", {"rope_scaling": {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 2048}}),
+    ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+    ("phi3", {"rope_scaling": {"type": "longrope", "long_factor": [1.5] * 8, "short_factor": [1.0] * 8},
+              "original_max_position_embeddings": 64, "max_position_embeddings": 2048}),
+    ("phi3", {"rope_scaling": {"type": "longrope", "long_factor": [1.5] * 8, "short_factor": [1.0] * 8,
+                               "factor": 4.0}, "original_max_position_embeddings": 64}),
+]
+
+
+@pytest.mark.parametrize("family,fields", ROPE_SCALINGS)
+def test_rope_attention_factor_matches_transformers(tmp_path: Path, family: str, fields: dict) -> None:
+    """yarn and longrope multiply cos and sin by an attention factor: the rotated share f of a head's logits times
+    its square, carried by softmax_scale (variance-equivalent: f af^4 + 1 - f). Checked against the factor the real
+    model's rotary embedding applies (its `attention_scaling`), a partial rotary (GPT-NeoX's 0.25) included."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    path = write(tmp_path, raw(family) | fields)
+    spec, _ = import_config(path)
+    af = transformers.AutoModel.from_config(transformers.AutoConfig.from_pretrained(tmp_path)).rotary_emb.attention_scaling
+    f = spec.rotary_fraction
+    assert (spec.softmax_scale or spec.d_head ** -0.5) == pytest.approx(spec.d_head ** -0.5 * math.sqrt(f * af**4 + 1 - f),
+                                                                       rel=1e-9)
+
+
+@pytest.mark.parametrize("bad", [{"rope_type": "yarn", "factor": -2.0, "original_max_position_embeddings": 64},
+                                 {"rope_type": "yarn", "factor": 2.0, "attention_factor": "big"},
+                                 {"rope_type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}])
+def test_rope_attention_factor_bad_values(tmp_path: Path, bad: dict) -> None:
+    with pytest.raises(SpecError) as e:
+        import_config(write(tmp_path, raw("llama") | {"rope_scaling": bad}))
+    assert e.value.key == "rope_scaling" and e.value.line is not None

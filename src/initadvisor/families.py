@@ -255,11 +255,51 @@ def _rotary(cfg: _Config, notes: list[str], partial_key: str | None = None) -> d
             where = next(k for k in (partial_key, "rope_parameters", "rope_theta", "rotary_emb_base",
                                      "partial_rotary_factor", key) if k and k in cfg.raw or k == key)
             raise cfg.error(f"unsupported rotary {key} {str(v)[:40]}", where)
-    rtype = rp.get("rope_type") or rs.get("rope_type") or rs.get("type")
+    rtype = rs.get("rope_type") or rs.get("type") or rp.get("rope_type")  # transformers: rope_scaling wins
     if rtype not in (None, "default"):
-        notes.append(f"rope_type {rtype!r}: RoPE scaling (and any attention_factor it applies to the logits) "
-                     "is not modelled")
+        notes.append(f"rope_type {rtype!r}: its rescaled frequencies are not modelled (their effect at init: the "
+                     "rotation's coherence over a row's keys)" + ("; its attention_factor is (softmax_scale)"
+                                                                  if rtype in ("yarn", "longrope") else ""))
     return {"rope_theta": float(theta), "rotary_fraction": float(frac)}
+
+
+def rope_attention_factor(cfg: _Config) -> float:
+    """transformers' cos / sin multiplier of yarn and longrope RoPE scaling (`_compute_yarn_parameters`,
+    `_compute_longrope_parameters`): the rotated part of every query and key times it, so their logits times its
+    square; 1 for the other rope types."""
+    params = cfg.raw.get("rope_scaling") or cfg.raw.get("rope_parameters") or {}  # (transformers: the legacy wins)
+    if any(isinstance(v, dict) for v in params.values()):  # per layer type: the sliding layers' (as _rotary)
+        params = params.get("sliding_attention") or params[sorted(params)[0]]
+    rtype = params.get("rope_type") or params.get("type")
+    if rtype not in ("yarn", "longrope"):
+        return 1.0
+    where = "rope_scaling" if cfg.raw.get("rope_scaling") else "rope_parameters"
+    orig = params.get("original_max_position_embeddings", cfg.raw.get("original_max_position_embeddings"))
+    factor = params.get("factor")
+    af = params.get("attention_factor")
+    if af is None:
+        if factor is None:
+            if not orig or not cfg.raw.get("max_position_embeddings"):
+                raise cfg.error(f"{rtype} without factor needs max_position_embeddings and "
+                                "original_max_position_embeddings", where)
+            factor = cfg.raw["max_position_embeddings"] / orig
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor < 1e12:
+            raise cfg.error(f"unsupported {rtype} factor {str(factor)[:40]}", where)
+        if rtype == "yarn":
+            def mscale(m=1.0):
+                return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+            m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+            af = mscale(m) / mscale(m_all) if m and m_all else mscale()
+        elif factor <= 1:
+            af = 1.0
+        elif not isinstance(orig, (int, float)) or isinstance(orig, bool) or orig <= 1:
+            raise cfg.error(f"longrope needs original_max_position_embeddings > 1, got {str(orig)[:40]}", where)
+        else:
+            af = math.sqrt(1 + math.log(factor) / math.log(orig))
+    if isinstance(af, bool) or not isinstance(af, (int, float)) or not 0 < af < 1e6:
+        raise cfg.error(f"unsupported {rtype} attention_factor {str(af)[:40]}", where)
+    return float(af)
 
 
 def _decoder(layers: int, d: int, heads: int, kv: int, d_ff: int, act: str, norm_type: str, parallel: bool,

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .families import FAMILIES
+from .families import FAMILIES, rope_attention_factor
 from .errors import one_line
 from .files import read_bounded
 from .spec import VERSION, Spec, SpecError, build_spec
@@ -261,7 +261,16 @@ def _map(cfg: _Config) -> tuple[dict[str, Any], list[str]]:
         raise cfg.error(f"unsupported model_type {mt!r} (supported: {', '.join(SUPPORTED)})", "model_type")
     notes: list[str] = []
     name = cfg.get("_name_or_path", "str") or mt
-    return {"version": VERSION, "name": name, **family.to_spec(cfg, family, notes)}, notes
+    out = family.to_spec(cfg, family, notes)
+    model = out["model"]
+    af = rope_attention_factor(cfg) if model.get("rope_theta") and "latent_attention" not in out else 1.0
+    if af != 1.0:  # the rotated share f of each head's logits times af^2: the variance of the logits times
+        f = model["rotary_fraction"]  # f af^4 + 1 - f, which the softmax scale carries
+        base = model.get("softmax_scale") or (model.get("head_dim") or model["d_model"] // model["heads"]) ** -0.5
+        model["softmax_scale"] = base * math.sqrt(f * af**4 + 1.0 - f)
+        notes.append(f"RoPE attention_factor {af:.6g}: the rotated queries and keys times it (transformers' cos and "
+                     f"sin), in softmax_scale: {base:.6g} -> {model['softmax_scale']:.6g}")
+    return {"version": VERSION, "name": name, **out}, notes
 
 
 def language_config(raw: dict[str, Any]) -> dict[str, Any]:
