@@ -481,3 +481,20 @@ def test_torch_module_exports_audit():
     import initadvisor.torch as T
 
     assert "audit" in T.__all__ and codes(T.audit(nano(qk_norm="built"))) == ["IA604", "IA604"]
+
+
+def test_opt_350m_projected_embeddings(tmp_path):
+    """OPT-350m's layout (tokens of width word_embed_proj_dim, project_in / project_out, the head tied): compared as
+    drawn, silent over seeds; a project_in drawn 5x too wide is named; the check report is the config's moments."""
+    cfg = json.loads((ROOT / "tests/data/hf/opt/config.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg | {"word_embed_proj_dim": 32, "do_layer_norm_before": False}))
+    for seed in range(3):
+        report = audit_config(path, seed=seed)
+        assert report.findings == [], [f.message for f in report.findings]
+        assert report.tied_head and report.check["spec"]["model"]["tie_embeddings"] is False  # moments: untied
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path))
+    with torch.no_grad():
+        model.model.decoder.project_in.weight.normal_(0.0, 0.1)
+    found = audit(model).findings
+    assert [f.code for f in found] == ["IA601"] and "project_in" in found[0].message

@@ -98,6 +98,10 @@ def _config(family: str):
         return t.OPTConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
                            ffn_dim=4 * D, max_position_embeddings=T, word_embed_proj_dim=D, bos_token_id=0,
                            eos_token_id=0, pad_token_id=1)
+    if family == "opt_proj":  # OPT-350m's layout: post-LN, tokens of width d / 2 projected in and out around the stack
+        return t.OPTConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
+                           ffn_dim=4 * D, max_position_embeddings=T, word_embed_proj_dim=D // 2,
+                           do_layer_norm_before=False, bos_token_id=0, eos_token_id=0, pad_token_id=1)
     if family == "modernbert":  # bidirectional, local attention T / 4 in two of three layers, GeGLU, truncated init
         return t.ModernBertConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
                                   intermediate_size=3 * D // 2, max_position_embeddings=T, local_attention=T // 4,
@@ -141,7 +145,7 @@ def _config(family: str):
 
 GRAD_FAMILY = 0.25  # the gradient ratio of every family but BERT, GPT-2 (GRAD_REL) and OLMo 2 (the known gap)
 FAMILIES = ("bert", "gpt2", "gpt_neox", "llama", "qwen3", "olmo2", "phi3", "gemma2", "gemma3_text", "mixtral",
-            "qwen3_moe", "opt", "opt_post_ln", "falcon", "falcon_40b", "falcon_rw", "mistral_window", "gemma2_window",
+            "qwen3_moe", "opt", "opt_post_ln", "opt_proj", "falcon", "falcon_40b", "falcon_rw", "mistral_window", "gemma2_window",
             "gemma3_window", "modernbert", "t5", "t5_v1_1", "deepseek_v3", "bloom", "bloom_std06")
 _CACHE: dict[str, dict] = {}
 
@@ -356,9 +360,11 @@ def test_gemma_sandwich_norms_rho(result, family):
     assert rho_abs_err(r, late=True).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r, late=True)) + "\n" + _table(r)
 
 
-@pytest.mark.parametrize("family", ["opt", "opt_post_ln"])
+@pytest.mark.parametrize("family", ["opt", "opt_post_ln", "opt_proj"])
 def test_opt(result, family):
-    """Learned positions, ReLU, dropout on both branches but not on the embeddings; pre- and post-LN."""
+    """Learned positions, ReLU, dropout on both branches but not on the embeddings; pre- and post-LN; OPT-350m's
+    tokens of half the width projected in and out (as moments: tables of one std, the tokens' share of the input
+    correlation, an untied head)."""
     r = result(family)
     _assert_q_rho(r)
 

@@ -284,6 +284,7 @@ class _Intent:
     source: str
     spec: Spec | None  # per-matrix stds, bias stds, the head and its tying; the model's structure for `check`
     other: float | None  # std of any other Linear / Embedding (biases then 0); None: unknown
+    moments: Spec | None = None  # the spec `check` runs where the weights map onto it only as moments (OPT-350m)
 
 
 def _family(model: nn.Module) -> str | None:
@@ -325,6 +326,15 @@ def _intent(model: nn.Module, config: Any, family: str | None, blocks: int, part
         std = spec.d_model ** -0.5
         return _Intent(f"transformers' t5 init (initializer_factor 1, relative bias d_model^-1/2 = {std:.4g})",
                        spec, std)
+    if raw["model_type"] == "opt" and raw.get("word_embed_proj_dim", spec.d_model) != spec.d_model:
+        std = raw.get("init_std", 0.02)  # the tables and project_in / project_out as drawn, the head tied
+        data = spec.to_dict()
+        data["init"] = {k: v for k, v in data["init"].items() if k != "head"} | {"embedding": {"std": std}}
+        data["model"]["tie_embeddings"] = True
+        del data["sequence"]["input_correlation"]
+        notes.append("word_embed_proj_dim: the weights are compared as drawn; the check report is the config's "
+                     "(its moments through project_in and project_out), not the measured weights'")
+        return _Intent(f"transformers' opt init (init_std {std:g})", build_spec(data, fname="<audit>"), std, spec)
     std = raw.get("initializer_range") or 0.02  # transformers: `config.initializer_range or 0.02`
     return _Intent(f"transformers' {raw['model_type']} init (initializer_range {std:g})", spec, std)
 
@@ -543,7 +553,7 @@ def audit(model: nn.Module, config: Any = None, truncation: float | None = None)
                                          f"embedding, but {intent.source} has it {'tied' if meant else 'untied'}"))
     order = list(RULES)
     findings.sort(key=lambda f: (order.index(f.code), f.layer or 0))
-    spec = _measured_spec(intent.spec, rows, tied, notes) if intent.spec is not None else None
+    spec = intent.moments or (_measured_spec(intent.spec, rows, tied, notes) if intent.spec is not None else None)
     if spec is None:
         notes.append("no spec for the model's structure: no check report")
     from initadvisor.diagnose import check

@@ -525,10 +525,7 @@ def _opt(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     act = _activation(cfg, "activation_function", "relu", False, notes)
     length = _seq(cfg, "max_position_embeddings")
     vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
-    proj = g("word_embed_proj_dim", "posint", None)
-    if proj is not None and proj != d:  # OPT-350m: project_in (proj -> d) on the token embeddings only
-        raise cfg.error(f"token embeddings of width {proj} projected to hidden_size {d} (project_in, project_out) "
-                        "are not modelled", "word_embed_proj_dim")
+    proj = g("word_embed_proj_dim", "posint", d)
     if g("layerdrop", "prob", 0.0):
         raise cfg.error("layerdrop (whole layers skipped at random in training) is not modelled", "layerdrop")
     if g("layer_norm_elementwise_affine", "bool", True) is False:
@@ -539,13 +536,38 @@ def _opt(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     head = _head(cfg, True, final, False)  # final_layer_norm (pre-LN), then the tied lm_head
     model = _decoder(layers, d, heads, heads, d_ff, act, "layernorm", False, None, head)
     model.update(norm="pre" if pre else "post", norm_eps=1e-5)  # nn.LayerNorm's default eps
+    sequence = {"length": length, "vocab": vocab, "embeddings": ["token", "position"]}
+    init = _init(std, head["tie_embeddings"])
+    if proj != d:  # OPT-350m: tokens of width proj, project_in to d (then the positions), project_out before the head
+        init, sequence, model["tie_embeddings"] = _projected_embeddings(std, proj, vocab, sequence, notes)
     return {
         "model": model,
-        "sequence": {"length": length, "vocab": vocab, "embeddings": ["token", "position"]},
+        "sequence": sequence,
         "dropout": g("dropout", "prob", 0.1, spec_key="dropout"), "embedding_dropout": 0.0,  # OPTDecoder: none
         "attention_dropout": g(fam.attn_dropout_key, "prob", 0.0, spec_key="attention_dropout"),
-        "init": _init(std, head["tie_embeddings"]),
+        "init": init,
     }
+
+
+def _projected_embeddings(std: float, proj: int, vocab: int, sequence: dict, notes: list[str]) -> tuple:
+    """OPT-350m's token embeddings of width proj, project_in (proj -> d) and project_out (d -> proj) around the
+    stack, every matrix N(0, std^2), as the spec's moments: a token row enters with variance v = std^2 (proj std^2)
+    per coordinate next to the positions' std^2, so both tables at sqrt((v + std^2) / 2) and the tokens' repeats at
+    their share v / (v + std^2) of the input correlation; the tied head reads project_out's output, whose own-token
+    part (e . W_out W_in e) has mean 0, so its logits are an untied head's of std std sqrt(proj std^2)."""
+    from initadvisor.core.ops import zipf_repeat_correlation
+
+    v = std * std * proj * std * std
+    mixed = math.sqrt((v + std * std) / 2.0)
+    init = _init(std, False, embedding=mixed, head=std * math.sqrt(proj) * std)
+    share = v / (v + std * std)
+    notes.append(f"word_embed_proj_dim {proj}: tokens projected in (project_in) and out (project_out) around the "
+                 f"stack: as moments, tables of std {mixed:.4g} (token rows {math.sqrt(v):.4g}, positions {std:g}), "
+                 f"input correlation {share:.4g} x the tokens' repeats, an untied head of std "
+                 f"{std * math.sqrt(proj) * std:.4g} (project_out's output, no own-token part at init); `recommend`'s "
+                 "init code reads these moments: its embedding and head stds are not the real tables' and "
+                 "projections'")
+    return init, {**sequence, "input_correlation": share * zipf_repeat_correlation(vocab)}, False
 
 
 def _t5(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
