@@ -16,7 +16,7 @@ import numpy as np
 from initadvisor import __version__
 from initadvisor.core.model import propagate
 from initadvisor.core.ops import Attention, Residual, causal_forward, leaves, moments_forward
-from initadvisor.diagnose import notes as causal_notes, resolvable
+from initadvisor.diagnose import fits, notes as causal_notes, resolvable
 from initadvisor.errors import UsageError
 from initadvisor.numbers import LIMIT, clean
 from initadvisor.spec import MAX_INT
@@ -110,7 +110,8 @@ def _at_width(spec, n: int):
 
 def _profile(spec) -> dict[str, np.ndarray]:
     """(RMS, mean |x|) rows of the stream and the logits at indices 0..L, and of the value each block's attention
-    and MLP branch adds; causal specs (within the position-resolved engine's reach) pool the positions."""
+    and MLP branch adds; causal specs (within the position-resolved engine's reach) pool the positions, sliding windows
+    beyond it take the late tokens' (distance-resolved, as `check`)."""
     stack = from_spec(spec)
     if spec.causal and resolvable(stack):
         from initadvisor.core import causal as cz
@@ -132,6 +133,20 @@ def _profile(spec) -> dict[str, np.ndarray]:
             with np.errstate(over="ignore", invalid="ignore"):
                 S = cz._clamp(G, run(ops, S))
             streams.append(S.qf)
+    elif stack.windowed and fits(len(stack.layers), spec.seq_len):  # the late tokens by distance, as `check`
+        from initadvisor.core.distances import distance_forward
+
+        def run_d(ops, s):
+            return distance_forward(ops, *s)[:2]
+
+        q0, p0 = stack.embeddings.moments()
+        s = (float(q0), np.full(spec.seq_len - 1, float(p0)))
+        streams, added = [s[0]], []
+        for ops in stack.blocks:
+            added.append(_added(ops, s, run_d, lambda s: s[0]))
+            with np.errstate(over="ignore", invalid="ignore"):
+                s = run_d(ops, s)
+            streams.append(s[0])
     else:
         trace = propagate(stack, backward=False)
         streams = list(trace.q)
