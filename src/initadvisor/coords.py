@@ -134,18 +134,14 @@ def _profile(spec) -> dict[str, np.ndarray]:
                 S = cz._clamp(G, run(ops, S))
             streams.append(S.qf)
     elif stack.windowed and fits(len(stack.layers), spec.seq_len):  # the late tokens by distance, as `check`
-        from initadvisor.core.distances import distance_forward
-
-        def run_d(ops, s):
-            return distance_forward(ops, *s)[:2]
+        from initadvisor.core.distances import block_forward, distance_forward
 
         q0, p0 = stack.embeddings.moments()
         s = (float(q0), np.full(spec.seq_len - 1, float(p0)))
         streams, added = [s[0]], []
         for ops in stack.blocks:
-            added.append(_added(ops, s, run_d, lambda s: s[0]))
-            with np.errstate(over="ignore", invalid="ignore"):
-                s = run_d(ops, s)
+            added.append(_added(ops, s, lambda ops, s: distance_forward(ops, *s)[:2], lambda s: s[0]))
+            s = block_forward(ops, *s)[:2]
             streams.append(s[0])
     else:
         trace = propagate(stack, backward=False)

@@ -124,6 +124,14 @@ def distance_forward(ops, q, c) -> tuple:
     return q, c, caches
 
 
+def block_forward(ops, q, c) -> tuple:
+    """distance_forward, the state clamped as the pair engine's (q into [1/HUGE, HUGE], overlaps within +-q)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        q, c, caches = distance_forward(ops, q, c)
+    q = float(min(max(q, 1.0 / att.HUGE), att.HUGE)) if math.isfinite(q) else att.HUGE
+    return q, np.clip(np.nan_to_num(c, nan=0.0), -q, q), caches
+
+
 def propagate_distances(blocks, q0: float, p0: float, T: int, backward: bool = False):
     """Run a stack on the distance-resolved state from the simplex input (c = p0 at every distance); a CausalTrace
     whose q is the late tokens' at every position, rho over all pairs and thirds from the profile weighted by the
@@ -147,17 +155,11 @@ def propagate_distances(blocks, q0: float, p0: float, T: int, backward: bool = F
         rho[k] = pair_means(c, T) / q
         r3[k] = np.where(np.array(sizes) > 1, pair_means(c, sizes) / q, rho[k])
 
-    def step(ops, q, c):
-        with np.errstate(over="ignore", invalid="ignore"):
-            q, c, caches = distance_forward(ops, q, c)
-        q = float(min(max(q, 1.0 / att.HUGE), att.HUGE)) if math.isfinite(q) else att.HUGE
-        return q, np.clip(np.nan_to_num(c, nan=0.0), -q, q), caches
-
     record(0)
     for k, ops in enumerate(blocks):
         if backward:
             states.append((q, c))
-        q, c, caches = step(ops, q, c)
+        q, c, caches = block_forward(ops, q, c)
         record(k + 1)
         rows = find(ops, caches, Attention)
         y2[k], bcs[k] = rows.y2, rows.beta_c
@@ -171,7 +173,7 @@ def propagate_distances(blocks, q0: float, p0: float, T: int, backward: bool = F
         gq, gp = 1.0, np.zeros(T - 1)
         gq_out[L], gp_out[L] = 1.0, 0.0
         for k in range(L - 1, -1, -1):
-            caches = kept[k] if keep else step(blocks[k], *states[k])[2]
+            caches = kept[k] if keep else block_forward(blocks[k], *states[k])[2]
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 gq, gp = distance_backward(blocks[k], gq, gp, caches)
             gq = float(min(max(gq, 0.0), att.HUGE)) if not math.isnan(gq) else att.HUGE
