@@ -81,6 +81,19 @@ def test_statistics_in_chunks(monkeypatch):
         assert a.shape == (3000,) and np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("router,normalize", [("softmax", True), ("softmax", False), ("sigmoid", True),
+                                              ("sigmoid", False)])
+def test_statistics_at_one_point_is_the_array_path(router, normalize):
+    """A scalar pass asks at one point (floats): the same numbers as the array path at that point, across the
+    tables' range and beyond it (s2 0, 1e-8 .. 1e8, inf, nan; rho outside [-1, 1], nan)."""
+    rng = np.random.default_rng(11)
+    s2 = np.concatenate([10 ** rng.uniform(-8, 8, 40), [0.0, np.inf, np.nan, 1.0]])
+    rho = np.concatenate([rng.uniform(-1.2, 1.2, 40), [0.3, 1.0, np.nan, -1.0]])
+    whole = routing.statistics(8, 2, router, normalize, 2.5, s2, rho)
+    for i in range(s2.size):
+        one = routing.statistics(8, 2, router, normalize, 2.5, float(s2[i]), float(rho[i]))
+        np.testing.assert_allclose(one, [w[i] for w in whole], rtol=1e-13, atol=0.0)
+
 def test_group_limited_routing_is_deepseek_v3s_router():
     """DeepSeek-V3's router (transformers' DeepseekV3TopkRouter: sigmoid scores, the best 2 of 4 groups by their two
     best scores, top 4 of 16 within them, renormalised x 2.5) on Gaussian tokens at logit std 2.4: A = E sum_j w_j^2

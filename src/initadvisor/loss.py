@@ -191,26 +191,21 @@ def own_token_moment(stack, trace) -> float:
     """c: the per-coordinate second moment of the current token's own embedding row in the final stream.
 
     The row enters with second moment std^2 (1/n of n summed tables, kept through an embedding norm), and only
-    the skip paths carry it on: a residual multiplies it by skip^2, a norm divides it by its input's q + eps;
-    the branches' outputs are uncorrelated with it at init (their weights have mean 0)."""
+    the skip paths carry it on: a residual multiplies it by skip^2, a norm divides it by its input's q + eps (the
+    forward's caches keep it); the branches' outputs are uncorrelated with it at init (their weights have mean 0)."""
     from initadvisor.core.ops import Norm, Residual
 
     emb = stack.embeddings
     if "token" not in emb.tables:
         return 0.0
     c = float(trace.q[0]) * (1.0 - emb.dropout) / len(emb.tables)  # dropout adds noise, not signal
-    for i, ops in enumerate(stack.blocks):
-        if not any(isinstance(op, Norm) for op in ops):  # pre-LN, parallel, no norm: skips only
-            c *= math.prod(float(op.skip) ** 2 for op in ops if isinstance(op, Residual))
-            continue
-        q, p = trace.q[i], trace.p[i]
-        for op in ops:
+    for ops, caches in zip(stack.blocks, trace.caches):
+        for op, cache in zip(ops, caches):
             if isinstance(op, Residual):
                 c *= float(op.skip) ** 2
             elif isinstance(op, Norm):
-                r = float(q) + op.eps
+                r = float(cache) * float(op.gain) ** 2  # q + eps
                 c = c / r if r > 0 else 0.0  # a vanished stream carries no row
-            q, p, _ = op.moments(q, p)
     return c
 
 

@@ -7,7 +7,7 @@ The adapter from a Spec is initadvisor.stack: nothing here reads a spec.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -71,6 +71,7 @@ class Trace:
     y3: np.ndarray
     y22: np.ndarray  # E[Y2^2]
     qk_share: np.ndarray  # the share of the gradient's q at each attention input through its query/key path
+    caches: list = field(default_factory=list, repr=False)  # each block's forward caches (its norms' inputs, ...)
 
     @property
     def rho(self) -> np.ndarray:
@@ -110,7 +111,7 @@ def propagate(stack: Stack, backward: bool = True) -> Trace:
     return Trace(
         q=_stack(qs, shape), p=_stack(ps, shape), grad_q=gqs, grad_p=gps, grad_scale=gqs[0],
         att_q=att("q_in"), att_p=att("p_in"), beta=_stack([P.beta for P in stack.layers], shape),
-        beta_c=att("beta_c"), y2=att("y2"), y3=att("y3"), y22=att("y22"), qk_share=att("qk_share"),
+        beta_c=att("beta_c"), y2=att("y2"), y3=att("y3"), y22=att("y22"), qk_share=att("qk_share"), caches=caches,
     )
 
 

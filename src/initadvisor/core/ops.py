@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 import numpy as np
@@ -488,7 +488,7 @@ class AttentionCache:
     y22: object  # E[Y2^2]
     mom: tuple
     mom_b: tuple  # the backward's: a sliding window's rows overlap on their own keys
-    qk: tuple  # the query/key path's gains on the gradient's q (Attention._qk_gain)
+    kp: object  # the keys' common part as one row sees them (kappa p): the query/key path's (Attention._qk_gain)
     qk_share: object = 0.0  # set by the backward: the share of the gradient's q at the input through that path
     heads: tuple = ()  # ALiBi: per distinct head, (its window-equivalent operation, its cache, its share of the heads)
 
@@ -531,13 +531,13 @@ class Attention:
         qv, pv = linear(q, p, P.g_v, P.b_v2)
         qa, pa = att.mix_forward(qv, pv, mom)
         qo, po = linear(qa, pa, P.g_o, P.b_o2)
-        return qo, po, AttentionCache(q, p, bc, y2, yp, y3, y22, mom, mom_b,
-                                      self._qk_gain(q, p, kap * p, qq, bc, y2, yp, y3, y22))
+        return qo, po, AttentionCache(q, p, bc, y2, yp, y3, y22, mom, mom_b, kap * p)
 
+    @cached_property
     def _alibi_heads(self) -> list:
         """ALiBi's heads for the pair map, (operation, share of the heads): head h as a causal window of its effective
         keys coth(m_h / 2) (all keys where that reaches T: those heads are one), the late-token pair of a row whose
-        weights fall off as e^(-m_h (t - s))."""
+        weights fall off as e^(-m_h (t - s)). Once per operation (a stack's repeated layers share it)."""
         P = self.P
         keys = np.minimum(np.round(att.alibi_keys(P.heads, float(P.alibi))), 2.0**62)
         if np.ndim(P.seq_len) == 0:  # (a grid of T keeps every head)
@@ -547,7 +547,7 @@ class Attention:
 
     def _alibi_moments(self, q, p):
         """The heads' mean: each head's output moments, and its share of the output projection's sum over heads."""
-        heads = self._alibi_heads()
+        heads = self._alibi_heads
         outs = [h.moments(q, p) for h, _ in heads]
         mean = lambda x: sum(w * v for (_, w), v in zip(heads, x))  # noqa: E731
         c = replace(outs[-1][2], y2=mean([o[2].y2 for o in outs]), yp=mean([o[2].yp for o in outs]),
@@ -607,7 +607,7 @@ class Attention:
             return sum(w * g[0] for (_, _, w), g in zip(c.heads, grads)), sum(w * g[1] for (_, _, w), g in
                                                                           zip(c.heads, grads))
         gq, gp = P.g_o * gq, P.g_o * gp
-        a, a_key, b, x = c.qk
+        a, a_key, b, x = self._qk_gain(c.q_in, c.p_in, c.kp, c.q_in + P.q_bias, c.beta_c, c.y2, c.yp, c.y3, c.y22)
         qk = a * gq + b * gp
         qk_p = x * gp - (a_key * gq + b * gp) / (self._keys(P.seq_len) - 1.0)
         if P.window and np.any(self._keys(P.seq_len) < P.seq_len):
@@ -903,7 +903,7 @@ class Attention:
         variance from the same profile (reported per position; the state keeps the late rows')."""
         P = self.P
         if P.alibi:  # the heads' mean, each as a window of its effective keys (_alibi_heads)
-            heads = self._alibi_heads()
+            heads = self._alibi_heads
             outs = [h.distances(q, c) for h, _ in heads]
             mean = lambda x: sum(w * v for (_, w), v in zip(heads, x))  # noqa: E731
             rows = dz.LateRows(*(mean([getattr(o[2], k) for o in outs]) for k in ("y2", "beta_c", "var")),

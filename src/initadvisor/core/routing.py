@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import math
+
 import numpy as np
 
 _ANGLES = np.linspace(0.0, np.pi, 25)  # the overlap of two tokens' top-k sets is smooth in the angle, not in rho
@@ -113,6 +115,8 @@ _CHUNK = 1 << 16  # statistics evaluates at most this many points at once
 def statistics(E: int, k: int, router: str, normalize: bool, scale: float, s2, rho, groups: int = 1,
                top_groups: int = 1):
     """(A, B, F, F_x) at logit variance s2 = g_r q and token correlation rho (arrays broadcast)."""
+    if np.ndim(s2) == 0 and np.ndim(rho) == 0:  # one point (a stack's scalar pass asks once a layer): floats
+        return _statistics_at(E, k, router, normalize, scale, float(s2), float(rho), groups, top_groups)
     s2, rho = np.broadcast_arrays(np.asarray(s2, dtype=float), np.asarray(rho, dtype=float))
     shape = s2.shape
     if s2.size > _CHUNK:  # a long causal sequence's positions: bounded temporaries
@@ -132,3 +136,16 @@ def statistics(E: int, k: int, router: str, normalize: bool, scale: float, s2, r
         out += w * np.array([np.full(x.size, B[0]), np.interp(t, _ANGLES, B), np.full(x.size, F[0]),
                              np.interp(t, _ANGLES, F)])
     return tuple(v.reshape(shape)[()] for v in out)
+
+
+def _statistics_at(E, k, router, normalize, scale, s2: float, rho: float, groups, top_groups) -> tuple:
+    """statistics at one point, as its array path computes it."""
+    s2 = 1.0 if math.isnan(s2) else s2
+    x = _STEPS * min(max(0.5 * math.log10(s2) if s2 > 0 else -math.inf, _LOG_S[0]), _LOG_S[1])
+    lo = math.floor(x)
+    t = math.acos(min(max(0.0 if math.isnan(rho) else rho, -1.0), 1.0))
+    out = np.zeros(4)
+    for i, w in ((lo, 1.0 - (x - lo)), (lo + 1, x - lo)):
+        B, F = _table(E, k, router, normalize, float(scale), float(10 ** (i / _STEPS)), groups, top_groups)
+        out += w * np.array([B[0], np.interp(t, _ANGLES, B), F[0], np.interp(t, _ANGLES, F)])
+    return tuple(out)
