@@ -135,6 +135,29 @@ def test_check_resolves_long_windows_by_distance():
     assert ct.rho_thirds[-1, 2] < glob.rho_thirds[-1, 2]
 
 
+def test_distance_state_budget_counts_alibi_heads(monkeypatch):
+    """The distance state runs one map per distinct ALiBi head window a layer: beyond (layers + 1) x T x maps of
+    DISTANCE_CELLS (a fuzzed 1626-layer stack of 64 heads at T 2188 took a minute) the late-token pair stands in, and
+    the note says which reach was passed; BLOOM-176B's shape (70 layers, 112 heads, T 2048) stays within it."""
+    from initadvisor import diagnose
+    from initadvisor.core.attention import alibi_windows
+
+    spec = window_spec(sliding_window=None, alibi=True, layers=4, heads=16, d_model=256, norm_type="layernorm",
+                       activation="gelu")
+    maps = len(alibi_windows(16, 1.0, 512)[0])
+    assert 8 < maps <= 16
+    monkeypatch.setattr(diagnose, "WINDOW_CELLS", 1000)  # past the full-resolution engine
+    cells = 5 * 512 * maps
+    monkeypatch.setattr(diagnose, "DISTANCE_CELLS", cells)
+    assert diagnose.causal_trace(from_spec(spec)).stationary
+    assert "resolved by distance" in diagnose.notes(spec)[0]
+    monkeypatch.setattr(diagnose, "DISTANCE_CELLS", cells - 1)
+    assert diagnose.causal_trace(from_spec(spec)) is None
+    assert "late-token pair stands in" in diagnose.notes(spec)[0] and "distinct windows" in diagnose.notes(spec)[0]
+    monkeypatch.undo()
+    assert diagnose.distances_fit(70, 2048, 112, 1.0)
+
+
 @pytest.mark.parametrize("beta", [0.8, 3.0])
 def test_distances_exact_past_beta_c(beta):
     """Paper 001's post-LN encoder made causal with a window of 32 (T 512), uniform and localized attention

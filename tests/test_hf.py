@@ -270,6 +270,23 @@ def test_rope_fields_that_are_not_objects_are_refused(tmp_path: Path, family: st
     import_config(write(tmp_path, raw(family) | {key: None}))  # null: the family's default
 
 
+@pytest.mark.parametrize("family", ["bloom", "gemma2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("value", [1e308, "sliding_attention", [1, 2], [None]])
+def test_layer_types_that_are_not_lists_of_names_are_refused(tmp_path: Path, family: str, value) -> None:
+    """transformers reads layer_types in every family (remapping legacy names) as a list of names: a number there
+    (fuzz seed 96, a BLOOM config) passed `check` as an ignored field while `verify --backend torch` could not build
+    the model. Refused by name at its line, in the wrapper's nested config too; null and a list of names pass."""
+    c = raw(family)
+    nested = "text_config" if family == "gemma3" else None
+    bad = c | ({nested: c[nested] | {"layer_types": value}} if nested else {"layer_types": value})
+    with pytest.raises(SpecError) as e:
+        import_config(write(tmp_path, bad))
+    assert e.value.key == (f"{nested}." if nested else "") + "layer_types" and e.value.line is not None
+    import_config(write(tmp_path, c | {"mtp_layer_types": None}))
+    with pytest.raises(SpecError):
+        import_config(write(tmp_path, c | {"mtp_layer_types": 3}))
+
+
 def test_gpt_neox_head_dim_other_than_its_heads_is_refused(tmp_path: Path) -> None:
     """transformers' GPT-NeoX turns head_dim x rotary_pct coordinates of heads hidden_size / heads wide: another
     head_dim breaks the real model (a fuzz case crashed `verify --backend torch`), so the import names the field."""

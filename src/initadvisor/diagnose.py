@@ -8,7 +8,7 @@ import numpy as np
 
 from initadvisor import __version__
 from initadvisor.core import gradients as G
-from initadvisor.core.attention import phase
+from initadvisor.core.attention import alibi_windows, phase
 from initadvisor.core.distances import propagate_distances
 from initadvisor.core.model import BACKWARD_T, Stack, Trace, propagate, propagate_causal
 from initadvisor.loss import initial_loss
@@ -101,8 +101,9 @@ def causal_trace(stack: Stack, backward: bool = False):
         return None
     if resolvable(stack):
         return propagate_causal(stack, backward=backward)
-    if stack.windowed and fits(len(stack.layers), stack.embeddings.seq_len):  # the late tokens, distance-resolved
-        q0, p0 = stack.embeddings.moments()
+    P = next((P for P in stack.layers if P.alibi), stack.layers[0])
+    if stack.windowed and distances_fit(len(stack.layers), stack.embeddings.seq_len, P.heads, P.alibi):
+        q0, p0 = stack.embeddings.moments()  # the late tokens, distance-resolved
         return propagate_distances(stack.blocks, q0, p0, stack.embeddings.seq_len, backward=backward)
     return None
 
@@ -129,6 +130,16 @@ def fits(layers: int, seq_len: int) -> bool:
     return (layers + 1) * max(seq_len, ROW_FLOOR) <= CAUSAL_CELLS and seq_len <= BACKWARD_T
 
 
+DISTANCE_CELLS = 3 * 10**7  # the distance-resolved state: (layers + 1) x T x the maps a layer runs (ALiBi: one per
+# distinct head window), about 0.3 us each (64 ALiBi heads over 1626 layers at T 2188 took a minute)
+
+
+def distances_fit(layers: int, seq_len: int, heads: int, alibi: float) -> bool:
+    """The distance-resolved state's reach: the position-resolved engine's, and DISTANCE_CELLS."""
+    maps = len(alibi_windows(heads, alibi, seq_len)[0]) if alibi else 1
+    return fits(layers, seq_len) and (layers + 1) * seq_len * maps <= DISTANCE_CELLS
+
+
 def notes(spec) -> list[str]:
     """What the analysis left out for this spec."""
     if spec.causal and spec.seq_len > BACKWARD_T:
@@ -139,9 +150,11 @@ def notes(spec) -> list[str]:
         return [f"causal: (layers + 1) x max(T, {ROW_FLOOR}) = {cells:.3g} exceeds {CAUSAL_CELLS:.0e} positions x "
                 "layers: the position-resolved prediction is skipped, rows use the late-token pair"]
     T = spec.seq_len
-    late = (DISTANCES if fits(spec.layers, T) else "the position-resolved prediction is skipped, and the late-token "
-            "pair stands in (it overstates rho: near and far tokens alike get the correlation near ones gain by "
-            "sharing keys)")
+    late = DISTANCES if distances_fit(spec.layers, T, spec.heads, spec.alibi_scale if spec.alibi else 0.0) else (
+        "the position-resolved prediction is skipped, and the late-token pair stands in (it overstates rho: near and "
+        "far tokens alike get the correlation near ones gain by sharing keys" + (
+            "; past the distance-resolved state's reach too: (layers + 1) x T x the heads' distinct windows "
+            f"> {DISTANCE_CELLS:.0e}" if fits(spec.layers, T) else "") + ")")
     if spec.alibi and ((spec.layers + 1) * T * T > WINDOW_CELLS or (spec.layers + 1) * spec.heads * T**3 > ALIBI_FLOPS):
         most = int(min((WINDOW_CELLS / (spec.layers + 1)) ** 0.5,
                        (ALIBI_FLOPS / ((spec.layers + 1) * spec.heads)) ** (1 / 3)))

@@ -254,6 +254,10 @@ WRAPPERS = {"gemma3": ("gemma3_text", "text_config", {  # Gemma3TextConfig
 
 def _map(cfg: _Config) -> tuple[dict[str, Any], list[str]]:
     mt = cfg.get("model_type", "str", required=True)
+    for key in ("layer_types", "mtp_layer_types"):  # transformers reads them in every family, as lists of names
+        kinds = cfg.raw.get(key)
+        if kinds is not None and not (isinstance(kinds, list) and all(isinstance(k, str) for k in kinds)):
+            raise cfg.error(f"expected a JSON array of layer type names or null, got {str(kinds)[:40]}", key)
     if mt in WRAPPERS:
         return _map_wrapped(cfg, mt)
     family = FAMILIES.get(mt)

@@ -117,6 +117,15 @@ def alibi_keys(heads: int, scale: float = 1.0) -> np.ndarray:
     return 1.0 / np.tanh(alibi_slopes(heads, scale) / 2.0)
 
 
+def alibi_windows(heads: int, scale: float, T) -> tuple[np.ndarray, np.ndarray]:
+    """ALiBi's heads as windows of their effective keys, rounded: (the distinct windows, heads per window); 0 for the
+    heads whose effective keys reach T (one global head; a grid of T keeps every head)."""
+    keys = np.minimum(np.round(alibi_keys(heads, scale)), 2.0**62)
+    if np.ndim(T) == 0:
+        keys = np.where(keys >= T, 0.0, keys)
+    return np.unique(keys, return_counts=True)
+
+
 def beta_c(q, p, q_query=None):
     """Critical beta (001 Result 1): sqrt(2 / (q (q - p))); q_query adds the query bias's share."""
     qq = q if q_query is None else q_query

@@ -539,10 +539,7 @@ class Attention:
         keys coth(m_h / 2) (all keys where that reaches T: those heads are one), the late-token pair of a row whose
         weights fall off as e^(-m_h (t - s)). Once per operation (a stack's repeated layers share it)."""
         P = self.P
-        keys = np.minimum(np.round(att.alibi_keys(P.heads, float(P.alibi))), 2.0**62)
-        if np.ndim(P.seq_len) == 0:  # (a grid of T keeps every head)
-            keys = np.where(keys >= P.seq_len, 0.0, keys)
-        wins, counts = np.unique(keys, return_counts=True)
+        wins, counts = att.alibi_windows(P.heads, float(P.alibi), P.seq_len)
         return [(Attention(replace(P, alibi=0.0, window=int(w))), n / P.heads) for w, n in zip(wins, counts)]
 
     def _alibi_moments(self, q, p):
