@@ -287,6 +287,21 @@ def test_layer_types_that_are_not_lists_of_names_are_refused(tmp_path: Path, fam
         import_config(write(tmp_path, c | {"mtp_layer_types": 3}))
 
 
+@pytest.mark.parametrize("family", ["mixtral", "gemma3_text", "qwen3", "modernbert", "deepseek_v3"])
+def test_sizes_beyond_the_specs_bounds_are_refused_by_the_import(tmp_path: Path, family: str) -> None:
+    """num_hidden_layers 1e8 (fuzz seed 97): the families' per-layer patterns (windows, dense blocks) were built
+    before the spec's bound on model.layers was checked, and ran out of memory; the import names the field and the
+    spec's bound at its line, and the bound itself passes."""
+    from initadvisor.spec import MAX_INT
+
+    c = raw(family)
+    key = "num_hidden_layers"
+    with pytest.raises(SpecError) as e:
+        import_config(write(tmp_path, c | {key: 10**8}))
+    assert e.value.key == key and e.value.line is not None and str(MAX_INT["model.layers"]) in str(e.value)
+    assert import_config(write(tmp_path, c | {key: MAX_INT["model.layers"]}))[0].layers == MAX_INT["model.layers"]
+
+
 def test_gpt_neox_head_dim_other_than_its_heads_is_refused(tmp_path: Path) -> None:
     """transformers' GPT-NeoX turns head_dim x rotary_pct coordinates of heads hidden_size / heads wide: another
     head_dim breaks the real model (a fuzz case crashed `verify --backend torch`), so the import names the field."""

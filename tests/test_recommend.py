@@ -159,3 +159,28 @@ def test_causal_recipe_is_judged_on_its_own_per_layer_model():
     assert analyse(recipe.spec).ct.rho_thirds[-1, 2] == pytest.approx(0.427, abs=0.005)  # the spec alone differs
     row = next(r for r in recommend(spec)["recipes"] if r["name"] == "deepscalelm")
     assert row["findings"] == sorted({f.code for f in diagnose(recipe.spec, a)})
+
+
+def test_recipes_beyond_the_budget_are_compared_on_the_late_token_pair(monkeypatch):
+    """Past RECIPE_CELLS an analysis (a 999-layer windowed MoE stack at T 10000 took 150 s), the recipes' rows run the
+    pair engine and say so, and the patched recipe is analysed as `check` analyses it: its row is check's verdict on
+    the patched spec and has no such note. Within the budget every row is position-resolved (gpt2-small)."""
+    from initadvisor import diagnose, recipes as R
+
+    spec = load_spec(ROOT / "model_specs" / "gpt2-small.yaml")
+    cells = diagnose.resolved_cells(R.Recipe("as-given", "", "", spec).stack())
+    assert cells == 13 * 1024
+    within = recommend(spec)
+    assert not any("late-token pair" in n for r in within["recipes"] for n in r["notes"])
+    monkeypatch.setattr(R, "RECIPE_CELLS", cells - 1)
+    rep = recommend(spec)
+    rows = {r["name"]: r for r in rep["recipes"]}
+    chosen = rows[rep["patched_recipe"]]
+    assert rep["patched_recipe"] != "as-given" and not any("late-token pair" in n for n in chosen["notes"])
+    assert chosen == next(r for r in within["recipes"] if r["name"] == rep["patched_recipe"])
+    assert diagnose.check(build_spec(rep["patched_spec"]))["verdict"] == chosen["verdict"] == "pass"
+    paired = [r for r in rep["recipes"] if r["name"] not in ("as-given", rep["patched_recipe"]) and
+              r["verdict"] != "undefined"]
+    assert paired and all(any("late-token pair" in n for n in r["notes"]) for r in paired)
+    assert rows["as-given"] == within["recipes"][0]
+    assert any(r != next(w for w in within["recipes"] if w["name"] == r["name"]) for r in paired)

@@ -140,6 +140,25 @@ def distances_fit(layers: int, seq_len: int, heads: int, alibi: float) -> bool:
     return fits(layers, seq_len) and (layers + 1) * seq_len * maps <= DISTANCE_CELLS
 
 
+RECIPE_CELLS = 5 * 10**6  # recommend resolves its recipes per position up to this many cells an analysis (about 0.5 us
+# each: the eight rows at Llama-3.1-8B's 4.3e6 took 17 s; a 999-layer windowed MoE stack at T 10000, 1e7, 150 s)
+
+
+def resolved_cells(stack: Stack) -> int:
+    """The size of causal_trace's run for this stack: (layers + 1) x max(T, ROW_FLOOR) position-resolved, (layers + 1)
+    x T^2 / 8 for windows at full resolution (a cell there costs about 1/8), (layers + 1) x T x the distinct ALiBi
+    windows on the distance state; 0 where the pair engine stands alone."""
+    if not (stack.layers[0].causal or stack.windowed):
+        return 0
+    T, L = stack.embeddings.seq_len, len(stack.layers)
+    if resolvable(stack):
+        return (L + 1) * T * T // 8 if stack.windowed else (L + 1) * max(T, ROW_FLOOR)
+    P = next((P for P in stack.layers if P.alibi), stack.layers[0])
+    if stack.windowed and distances_fit(L, T, P.heads, P.alibi):
+        return (L + 1) * T * (len(alibi_windows(P.heads, P.alibi, T)[0]) if P.alibi else 1)
+    return 0
+
+
 def notes(spec) -> list[str]:
     """What the analysis left out for this spec."""
     if spec.causal and spec.seq_len > BACKWARD_T:
@@ -209,11 +228,12 @@ class Analysis:
     routing: dict | None  # a mixture of experts' routed branch (routing()), None when dense
 
 
-def analyse(spec, stack: Stack | None = None) -> Analysis:
+def analyse(spec, stack: Stack | None = None, resolve: bool = True) -> Analysis:
     """The engine's run of the spec's stack (or a given one, e.g. a recipe's per-layer stack) and what derives
-    from it: every analysis sees the same per-layer model."""
+    from it: every analysis sees the same per-layer model. resolve=False: the pair engine alone (the late-token pair
+    for causal and windowed rows)."""
     stack = from_spec(spec) if stack is None else stack
-    ct = causal_trace(stack, backward=True)
+    ct = causal_trace(stack, backward=True) if resolve else None
     resolved = ct is not None and ct.grad_q is not None  # the gradient of every position, not the late pair's
     trace = propagate(stack, backward=not resolved)
     if resolved:

@@ -19,7 +19,7 @@ from typing import Any
 from .families import FAMILIES, rope_attention_factor
 from .errors import one_line
 from .files import read_bounded
-from .spec import VERSION, Spec, SpecError, build_spec
+from .spec import MAX_INT, VERSION, Spec, SpecError, build_spec
 
 SUPPORTED = tuple(FAMILIES)
 MAX_BYTES = 10_000_000  # a config.json is a few kB
@@ -60,7 +60,10 @@ class _Config:
             return default
         if spec_key:
             self.src[spec_key] = name
-        return _typed(self.raw[name], kind, name, self)
+        v = _typed(self.raw[name], kind, name, self)
+        if kind == "posint" and v > MAX_INT.get(spec_key, v):  # the spec's bound, before a family loops over it
+            raise self.error(f"must be at most {MAX_INT[spec_key]} ({spec_key}), got {v}", name)
+        return v
 
 
 def _typed(v: Any, kind: str, key: str, cfg: _Config) -> Any:

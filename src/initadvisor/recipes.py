@@ -16,7 +16,7 @@ from initadvisor.core import gradients as G
 from initadvisor.core.deepscalelm import dslm_init
 from initadvisor.core.model import Stack, Trace, propagate
 from initadvisor.core.sorting import median, unique
-from initadvisor.diagnose import Analysis, analyse, diagnose, verdict
+from initadvisor.diagnose import RECIPE_CELLS, Analysis, analyse, diagnose, resolved_cells, verdict
 from initadvisor.init_code import render, residual_instructions
 from initadvisor.numbers import clean, overflow_findings, show, status
 from initadvisor.spec import MatrixInit, Residual, Spec, SpecError, build_spec
@@ -230,8 +230,9 @@ def recipe_admin(spec: Spec, base: Trace | None = None) -> Recipe:
 # ---------------------------------------------------------------------------------------------
 
 
-def _summary(r: Recipe, a: Analysis | None) -> dict:
-    """The recipe's row, from the analysis of its stack (None: undefined)."""
+def _summary(r: Recipe, a: Analysis | None, note: str = "") -> dict:
+    """The recipe's row, from the analysis of its stack (None: undefined); `note`: how it was analysed, if not as
+    `check` would."""
     if r.undefined:
         return {"name": r.name, "formula": r.formula, "source": r.source, "final_rho": None, "max_rho": None,
                 "worst_beta_ratio": None, "grad_ratio": None, "grad_ratio_blocks": None, "verdict": "undefined",
@@ -241,7 +242,8 @@ def _summary(r: Recipe, a: Analysis | None) -> dict:
     return {"name": r.name, "formula": r.formula, "source": r.source, "final_rho": _f(t.rho[-1]),
             "max_rho": _f(t.rho.max()), "worst_beta_ratio": _f(np.max(t.beta / t.beta_c)),
             "grad_ratio": _f(law["end_to_end"]), "grad_ratio_blocks": _f(law["blocks"]),
-            "verdict": verdict(findings, "error"), "findings": sorted({f.code for f in findings}), "notes": r.notes}
+            "verdict": verdict(findings, "error"), "findings": sorted({f.code for f in findings}),
+            "notes": [*r.notes, note] if note else r.notes}
 
 
 def _f(x) -> float:
@@ -255,7 +257,13 @@ def recommend(spec: Spec, rho_max: float = 0.99, k: float = 2.0, alpha_mlp: bool
         k_caveat = [f"k = {k:g} is not below N = {spec.layers}: DeepScaleLM uses k = N/2 = {spec.layers / 2:g}"]
         k = spec.layers / 2
     given = Recipe("as-given", "the spec unchanged", spec.source or "", spec)
-    first = analyse(spec, given.stack())
+    stack = given.stack()
+    first = analyse(spec, stack)
+    cells = resolved_cells(stack)
+    resolve = cells <= RECIPE_CELLS  # else the recipes' rows on the late-token pair, the patched one confirmed
+    pair_note = "" if resolve else (
+        f"compared on the late-token pair: this spec's position-resolved analysis has {cells:.3g} cells, beyond "
+        f"recommend's {RECIPE_CELLS:.0e} a recipe; the patched recipe is analysed as check analyses it")
     beta, bc = beta_recommendation(spec, first.trace)
     defined = not status(beta, positive=True)
     qk_std = spec.qk_std_for_beta(beta) if defined and spec.qk_norm == "none" and not spec.latent else None
@@ -265,13 +273,21 @@ def recommend(spec: Spec, rho_max: float = 0.99, k: float = 2.0, alpha_mlp: bool
     recipes = [given, recipe_critical(spec, beta, a_c), recipe_deepscalelm(spec, ds), recipe_deepscalelm(spec, dss),
                recipe_gpt2(spec), recipe_deepnorm(spec), recipe_tfixup(spec),
                recipe_admin(spec, first.trace if admin_spec(spec) == spec else None)]
-    analyses = [first] + [None if r.undefined else analyse(r.spec, r.stack()) for r in recipes[1:]]
+    analyses = [first] + [None if r.undefined else analyse(r.spec, r.stack(), resolve) for r in recipes[1:]]
     t = (first if analyses[1] is None else analyses[1]).trace  # an undefined critical recipe: the spec
     taus = G.balancing_tau(t.att_q, t.att_p / t.att_q, spec.seq_len, spec.d_model)
     tau = median(taus)
     tau_beta = tau / math.sqrt(math.log(spec.seq_len))
-    rows = [_summary(r, a) for r, a in zip(recipes, analyses)]
+    rows = [_summary(r, a, "" if i == 0 or r.undefined else pair_note)
+            for i, (r, a) in enumerate(zip(recipes, analyses))]
     patched, chosen = _patched(recipes, rows)
+    confirmed = {r.name for r in recipes} if resolve else {"as-given"}
+    while chosen not in confirmed:  # only where the rows are the late-token pair's: the patched recipe as check runs it
+        i = next(i for i, r in enumerate(recipes) if r.name == chosen)
+        analyses[i] = analyse(recipes[i].spec, recipes[i].stack())
+        rows[i] = _summary(recipes[i], analyses[i])
+        confirmed.add(chosen)
+        patched, chosen = _patched(recipes, rows)
     rep = {
         "schema": "initadvisor.recommend/1",
         "spec": spec.to_dict(),

@@ -163,7 +163,7 @@ def double_depth_scaling(spec, a) -> list[Finding]:
 
 def windows_mask_collapse(spec, a) -> list[Finding]:
     """The same stack with every layer global (window 0): its rho by _rho's measure, position-resolved where the
-    engine resolves it."""
+    engine resolved the spec's own (a recipe compared on the late-token pair: on it)."""
     from initadvisor.diagnose import causal_trace
     from initadvisor.core.model import propagate
     from initadvisor.stack import from_spec
@@ -172,7 +172,7 @@ def windows_mask_collapse(spec, a) -> list[Finding]:
     if not (spec.sliding_window or spec.alibi) or _collapse_at(spec, a) is not None:  # IA101 takes precedence
         return []
     stack = from_spec(spec, window=0, alibi=0.0)
-    ct = causal_trace(stack) if spec.causal else None
+    ct = causal_trace(stack) if spec.causal and a.ct is not None else None
     rho = propagate(stack, backward=False).rho if ct is None else ct.rho_thirds[:, 2]
     hit = (rho >= th).nonzero()[0]
     if not hit.size:
