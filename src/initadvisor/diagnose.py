@@ -108,7 +108,7 @@ def causal_trace(stack: Stack, backward: bool = False):
     return None
 
 
-WINDOW_CELLS = 2 * 10**7  # sliding-window rows run at full resolution: (layers + 1) x T^2 overlaps at most (~3 s)
+WINDOW_CELLS = 2 * 10**7  # sliding-window rows run at full resolution: (layers + 1) x T^2 overlaps at most (5-8 s)
 
 
 ALIBI_FLOPS = 2 * 10**10  # ALiBi's rows: (layers + 1) x heads x T^3 multiply-adds at most (dense T x T products)
@@ -146,13 +146,13 @@ RECIPE_CELLS = 5 * 10**6  # recommend resolves its recipes per position up to th
 
 def resolved_cells(stack: Stack) -> int:
     """The size of causal_trace's run for this stack: (layers + 1) x max(T, ROW_FLOOR) position-resolved, (layers + 1)
-    x T^2 / 8 for windows at full resolution (a cell there costs about 1/8), (layers + 1) x T x the distinct ALiBi
-    windows on the distance state; 0 where the pair engine stands alone."""
+    x T^2 / 2 for windows at full resolution (a cell there costs about half a position's: 0.25-0.4 us), (layers + 1)
+    x T x the distinct ALiBi windows on the distance state; 0 where the pair engine stands alone."""
     if not (stack.layers[0].causal or stack.windowed):
         return 0
     T, L = stack.embeddings.seq_len, len(stack.layers)
     if resolvable(stack):
-        return (L + 1) * T * T // 8 if stack.windowed else (L + 1) * max(T, ROW_FLOOR)
+        return (L + 1) * T * T // 2 if stack.windowed else (L + 1) * max(T, ROW_FLOOR)
     P = next((P for P in stack.layers if P.alibi), stack.layers[0])
     if stack.windowed and distances_fit(L, T, P.heads, P.alibi):
         return (L + 1) * T * (len(alibi_windows(P.heads, P.alibi, T)[0]) if P.alibi else 1)
