@@ -7,7 +7,7 @@ Usage: OPENBLAS_NUM_THREADS=1 python benchmarks/reality_sweep.py [--shapes small
 Shapes (d_model, layers, heads, T, factor on the init std): small (128, 12, 2, 64, 1), std2 (256, 12, 4, 128, 2),
 wide (512, 8, 8, 256, 1), gain (512, 8, 8, 256, 2.83: std 0.0566 at d 512 gives the gains of std 0.02 at d 4096),
 long (128, 8, 2, 2048, 1: past the full-resolution engine's reach for windows and ALiBi, so `check` resolves their
-late tokens by distance).
+late tokens by distance), t512 (256, 12, 4, 512, 1: issue 12's own size at a longer sequence).
 Prints one line per family and shape: the largest error of each quantity, its index, the gradient's in standard
 errors (z), block 1's beta, and a flag per quantity beyond issue 12's tolerances (q 15%, rho 0.05, gradient 25%):
 Q, R (all pairs), L (late third), G. Asserts nothing; a family the shape cannot express prints its error.
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 SHAPES = {"small": (128, 12, 2, 64, 1.0), "std2": (256, 12, 4, 128, 2.0), "wide": (512, 8, 8, 256, 1.0),
-          "gain": (512, 8, 8, 256, 2.83), "long": (128, 8, 2, 2048, 1.0)}
+          "gain": (512, 8, 8, 256, 2.83), "long": (128, 8, 2, 2048, 1.0), "t512": (256, 12, 4, 512, 1.0)}
 
 
 def sweep_one(R, family: str, factor: float, seeds: int) -> str:
