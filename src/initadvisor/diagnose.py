@@ -145,15 +145,18 @@ RECIPE_CELLS = 5 * 10**6  # recommend resolves its recipes per position up to th
 
 
 def resolved_cells(stack: Stack) -> int:
-    """The size of causal_trace's run for this stack: (layers + 1) x max(T, ROW_FLOOR) position-resolved, (layers + 1)
-    x T^2 / 2 for windows at full resolution (a cell there costs about half a position's: 0.25-0.4 us), (layers + 1)
-    x T x the distinct ALiBi windows on the distance state; 0 where the pair engine stands alone."""
+    """The size of causal_trace's run for this stack: (layers + 1) x max(T, ROW_FLOOR) position-resolved; (layers + 1)
+    x T^2 / 2 for windows at full resolution (a cell there costs about half a position's: 0.25-0.4 us); ALiBi's rows
+    there (layers + 1) x heads x T^3 / 2000 (their dense products: 3.3 s for 1.4e10, counted high); (layers + 1) x T
+    x the distinct ALiBi windows on the distance state; 0 where the pair engine stands alone."""
     if not (stack.layers[0].causal or stack.windowed):
         return 0
     T, L = stack.embeddings.seq_len, len(stack.layers)
-    if resolvable(stack):
-        return (L + 1) * T * T // 2 if stack.windowed else (L + 1) * max(T, ROW_FLOOR)
     P = next((P for P in stack.layers if P.alibi), stack.layers[0])
+    if resolvable(stack):
+        if P.alibi:
+            return (L + 1) * max(T * T // 2, P.heads * T**3 // 2000)
+        return (L + 1) * T * T // 2 if stack.windowed else (L + 1) * max(T, ROW_FLOOR)
     if stack.windowed and distances_fit(L, T, P.heads, P.alibi):
         return (L + 1) * T * (len(alibi_windows(P.heads, P.alibi, T)[0]) if P.alibi else 1)
     return 0
