@@ -162,6 +162,7 @@ def expected(family: str) -> dict:
             "hidden_act", "max_position_embeddings", "vocab_size", "head_dim", "initializer_range", "attention_dropout",
             "model_type", "tie_word_embeddings", "rms_norm_eps"}
     used |= ({"sliding_window"} if family in ("mistral", "phi3", "mixtral") else set() if family in ("llama", "olmo2")
+             else {"use_sliding_window", "sliding_window", "max_window_layers"} if family.startswith("qwen")
              else {"use_sliding_window"})
     used |= set() if family in ("llama", "olmo2") else {"layer_types"}  # which layers are local (sliding window)
     used |= {"num_local_experts", "num_experts_per_tok"} if family in ("mixtral", "qwen3_moe") else set()
@@ -300,6 +301,34 @@ def test_sizes_beyond_the_specs_bounds_are_refused_by_the_import(tmp_path: Path,
         import_config(write(tmp_path, c | {key: 10**8}))
     assert e.value.key == key and e.value.line is not None and str(MAX_INT["model.layers"]) in str(e.value)
     assert import_config(write(tmp_path, c | {key: MAX_INT["model.layers"]}))[0].layers == MAX_INT["model.layers"]
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "qwen3", "bert"])
+def test_a_null_that_transformers_refuses_is_its_default_for_both(tmp_path: Path, family: str) -> None:
+    """transformers 5.24 refuses null for its strict fields (fuzz seed 102: tie_word_embeddings null, which `check` read
+    as missing); `verify --backend torch` and `audit` build through hf.transformers_config, which leaves such a null
+    out so that transformers takes its default, as the import does. A null transformers accepts is kept (Mistral's
+    sliding_window: no window), a wrong value still fails."""
+    transformers = pytest.importorskip("transformers")
+    from initadvisor.hf import transformers_config
+
+    c = raw(family) | {"tie_word_embeddings": None}
+    built = transformers_config(c)
+    assert built.tie_word_embeddings == transformers.AutoConfig.for_model(model_type=family).tie_word_embeddings
+    assert import_config(write(tmp_path, c))[0].tie_embeddings == built.tie_word_embeddings
+    assert transformers_config(raw("mistral") | {"sliding_window": None}).sliding_window is None
+    with pytest.raises(Exception):
+        transformers_config(c | {"tie_word_embeddings": "yes"})
+
+
+@pytest.mark.parametrize("field, value", [("sliding_window", -0.0), ("max_window_layers", "relu")])
+def test_qwens_window_fields_are_checked_when_the_window_is_off(tmp_path: Path, field: str, value) -> None:
+    """transformers checks sliding_window's and max_window_layers' types whatever use_sliding_window says (fuzz seed
+    102): the import refuses them by name too."""
+    c = raw("qwen3") | {"use_sliding_window": False, field: value}
+    with pytest.raises(SpecError) as e:
+        import_config(write(tmp_path, c))
+    assert e.value.key == field and e.value.line is not None
 
 
 def test_gpt_neox_head_dim_other_than_its_heads_is_refused(tmp_path: Path) -> None:

@@ -682,7 +682,7 @@ def _measured_spec(spec: Spec, rows: list[TensorStat], tied: bool | None, notes:
 def audit_config(path: str | os.PathLike, layers: int = 2, seed: int = 0) -> AuditReport:
     """`initadvisor audit config.json`: build the HuggingFace model with its LM head (...ForCausalLM, or
     ...ForMaskedLM for encoders) on CPU with `layers` blocks under torch seed `seed`, and audit it."""
-    from initadvisor.hf import _load_json, import_config, language_config
+    from initadvisor.hf import _load_json, import_config, transformers_config
 
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise UsageError(f"must be a whole number >= 1, got {layers!r}", "--layers")
@@ -700,9 +700,9 @@ def audit_config(path: str | os.PathLike, layers: int = 2, seed: int = 0) -> Aud
                         "the size; --layers 1 is the least)", str(path))
     raw, _, fname = _load_json(path)
     try:  # transformers validates the config its own way: what it refuses is the input's fault, in one line
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+        from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
-        config = AutoConfig.for_model(**language_config(raw))  # (a multimodal wrapper: its language model)
+        config = transformers_config(raw)  # (a multimodal wrapper: its language model)
         full = config.num_hidden_layers
         config.num_hidden_layers = layers  # GPT-2's n_layer through its attribute_map
         kinds = getattr(config, "layer_types", None)

@@ -289,6 +289,24 @@ def language_config(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw[key], "model_type": inner_type}
 
 
+def transformers_config(raw: dict[str, Any]):
+    """transformers' config of the stack the spec models (language_config). A null field transformers refuses (its
+    strict fields, 5.24 on) is left out, so it takes its default: the import reads a null as missing, the same."""
+    import re
+
+    from transformers import AutoConfig
+
+    cfg = dict(language_config(raw))
+    while True:
+        try:
+            return AutoConfig.for_model(**cfg)
+        except Exception as e:  # noqa: BLE001 - transformers' validation errors have no common base
+            refused = re.search(r"field '([^']+)'", str(e))
+            if not refused or refused.group(1) not in cfg or cfg[refused.group(1)] is not None:
+                raise
+            del cfg[refused.group(1)]
+
+
 def _map_wrapped(cfg: _Config, mt: str) -> tuple[dict[str, Any], list[str]]:
     """A multimodal wrapper (Gemma 3's Gemma3ForConditionalGeneration): its language model, read from the nested
     config as its own family (transformers draws it with the nested config's initializer_range, not the wrapper's:

@@ -357,9 +357,9 @@ def measure_hf_config(source, spec, seeds: int = 3, batch: int = 2, device: str 
     from collections.abc import Mapping
     from pathlib import Path
 
-    from transformers import AutoConfig, AutoModel, PretrainedConfig
+    from transformers import AutoModel, PretrainedConfig
 
-    from initadvisor.hf import _load_json, language_config
+    from initadvisor.hf import _load_json, transformers_config
     from initadvisor.spec import SpecError, one_line
 
     def build() -> nn.Module:
@@ -372,12 +372,10 @@ def measure_hf_config(source, spec, seeds: int = 3, batch: int = 2, device: str 
         if isinstance(source, PretrainedConfig):
             config = source
         elif isinstance(source, Mapping):
-            config = AutoConfig.for_model(**language_config(dict(source)))
+            config = transformers_config(dict(source))
         else:
             where = str(Path(source) / "config.json" if Path(source).is_dir() else Path(source))
-            raw = _load_json(where)[0]
-            config = AutoConfig.from_pretrained(where) if language_config(raw) is raw else \
-                AutoConfig.for_model(**language_config(raw))
+            config = transformers_config(_load_json(where)[0])
         build()
     except Exception as e:  # noqa: BLE001
         raise SpecError(one_line(f"transformers cannot build this model: {type(e).__name__}: {e}")[:300],
