@@ -162,7 +162,6 @@ def expected(family: str) -> dict:
             "hidden_act", "max_position_embeddings", "vocab_size", "head_dim", "initializer_range", "attention_dropout",
             "model_type", "tie_word_embeddings", "rms_norm_eps"}
     used |= ({"sliding_window"} if family in ("mistral", "phi3", "mixtral") else set() if family in ("llama", "olmo2")
-             else {"use_sliding_window", "sliding_window", "max_window_layers"} if family.startswith("qwen")
              else {"use_sliding_window"})
     used |= set() if family in ("llama", "olmo2") else {"layer_types"}  # which layers are local (sliding window)
     used |= {"num_local_experts", "num_experts_per_tok"} if family in ("mixtral", "qwen3_moe") else set()

@@ -311,3 +311,22 @@ def test_alibi_masks_a_collapse_as_windows_do():
     hits = [f for f in report(spec)["findings"] if f["code"] == "IA107"]
     assert len(hits) == 1 and "ALiBi" in hits[0]["message"]
     assert "IA107" not in codes(report({**spec, "residual": {"attention": {"skip": 2.0}}}))
+
+
+def test_windows_counterfactual_runs_on_the_engine_its_row_ran_on(monkeypatch):
+    """IA107's every-layer-global counterfactual: position-resolved where the analysis of the spec was (check), on the
+    pair engine where the analysis was (recommend's recipes past their budget), so that such a row does not pay for
+    the position-resolved run it was spared; on both it fires for an attention-led ALiBi stack."""
+    from initadvisor import diagnose
+
+    spec = build_spec(example({"model": {"layers": 8, "norm": "pre", "causal": True, "alibi": True, "heads": 8},
+                               "init": {"v": {"gain": 4}}}))
+    resolved, paired = diagnose.analyse(spec), diagnose.analyse(spec, resolve=False)
+    assert resolved.ct is not None and paired.ct is None
+    assert "IA107" in {f.code for f in diagnose.diagnose(spec, resolved)}
+
+    def refuse(*_a, **_k):
+        raise AssertionError("the position-resolved engine ran for a row analysed on the pair engine")
+
+    monkeypatch.setattr(diagnose, "causal_trace", refuse)
+    assert "IA107" in {f.code for f in diagnose.diagnose(spec, paired)}

@@ -97,15 +97,31 @@ def causal_trace(stack: Stack, backward: bool = False):
     """The position-resolved prediction for causal models and for bidirectional ones with sliding windows (None
     otherwise, or beyond CAUSAL_CELLS / WINDOW_CELLS); backward: with the gradient where it resolves it (causal
     rows over all keys)."""
+    how = route(stack)
+    if how == "resolved":
+        return propagate_causal(stack, backward=backward)
+    if how == "distances":  # the late tokens, distance-resolved
+        q0, p0 = stack.embeddings.moments()
+        return propagate_distances(stack.blocks, q0, p0, stack.embeddings.seq_len, backward=backward)
+    return None
+
+
+def route(stack: Stack) -> str | None:
+    """Which run causal_trace makes for this stack: "resolved" (per position), "distances" (the late tokens by
+    distance) or None (the pair engine alone)."""
     if not (stack.layers[0].causal or stack.windowed):
         return None
     if resolvable(stack):
-        return propagate_causal(stack, backward=backward)
-    P = next((P for P in stack.layers if P.alibi), stack.layers[0])
+        return "resolved"
+    P = _alibi_layer(stack)
     if stack.windowed and distances_fit(len(stack.layers), stack.embeddings.seq_len, P.heads, P.alibi):
-        q0, p0 = stack.embeddings.moments()  # the late tokens, distance-resolved
-        return propagate_distances(stack.blocks, q0, p0, stack.embeddings.seq_len, backward=backward)
+        return "distances"
     return None
+
+
+def _alibi_layer(stack: Stack):
+    """An ALiBi layer's parameters (its heads set the distance state's maps), else the first layer's."""
+    return next((P for P in stack.layers if P.alibi), stack.layers[0])
 
 
 WINDOW_CELLS = 2 * 10**7  # sliding-window rows run at full resolution: (layers + 1) x T^2 overlaps at most (5-8 s)
@@ -140,24 +156,18 @@ def distances_fit(layers: int, seq_len: int, heads: int, alibi: float) -> bool:
     return fits(layers, seq_len) and (layers + 1) * seq_len * maps <= DISTANCE_CELLS
 
 
-RECIPE_CELLS = 5 * 10**6  # recommend resolves its recipes per position up to this many cells an analysis (about 0.5 us
-# each: the eight rows at Llama-3.1-8B's 4.3e6 took 17 s; a 999-layer windowed MoE stack at T 10000, 1e7, 150 s)
-
-
 def resolved_cells(stack: Stack) -> int:
     """The size of causal_trace's run for this stack: (layers + 1) x max(T, ROW_FLOOR) position-resolved; (layers + 1)
     x T^2 / 2 for windows at full resolution (a cell there costs about half a position's: 0.25-0.4 us); ALiBi's rows
     there (layers + 1) x heads x T^3 / 2000 (their dense products: 3.3 s for 1.4e10, counted high); (layers + 1) x T
     x the distinct ALiBi windows on the distance state; 0 where the pair engine stands alone."""
-    if not (stack.layers[0].causal or stack.windowed):
-        return 0
-    T, L = stack.embeddings.seq_len, len(stack.layers)
-    P = next((P for P in stack.layers if P.alibi), stack.layers[0])
-    if resolvable(stack):
-        if P.alibi:
-            return (L + 1) * max(T * T // 2, P.heads * T**3 // 2000)
+    how = route(stack)
+    T, L, P = stack.embeddings.seq_len, len(stack.layers), _alibi_layer(stack)
+    if how == "resolved" and P.alibi:
+        return (L + 1) * max(T * T // 2, P.heads * T**3 // 2000)
+    if how == "resolved":
         return (L + 1) * T * T // 2 if stack.windowed else (L + 1) * max(T, ROW_FLOOR)
-    if stack.windowed and distances_fit(L, T, P.heads, P.alibi):
+    if how == "distances":
         return (L + 1) * T * (len(alibi_windows(P.heads, P.alibi, T)[0]) if P.alibi else 1)
     return 0
 

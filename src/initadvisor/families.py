@@ -832,13 +832,17 @@ def _sliding_window(cfg: _Config, mt: str, layers: int) -> dict[str, Any]:
                                                    and len(types) == layers else (i + 1) % period != 0)]
     else:  # qwen2, qwen3, qwen3_moe: the config nulls sliding_window unless use_sliding_window (transformers checks
         # the window's fields' types either way, so the import does too)
+        if cfg.raw.get("sliding_window") is not None:
+            g("sliding_window", "posint")
+        mwl = cfg.raw.get("max_window_layers")
+        if mwl is not None and (isinstance(mwl, bool) or not isinstance(mwl, int) or not 0 <= mwl <= 10**12):
+            raise cfg.error(f"expected a whole number in [0, 1e12], got {str(mwl)[:40]}", "max_window_layers")
+        if not g("use_sliding_window", "bool", False):
+            cfg.used.discard("sliding_window")  # (checked, and ignored: no window)
+            return {}
         window = g("sliding_window", "posint", 4096 if "sliding_window" not in cfg.raw else None,
                    spec_key="model.sliding_window")
         mwl = g("max_window_layers", "any", 28)
-        if isinstance(mwl, bool) or not isinstance(mwl, int) or not 0 <= mwl <= 10**12:
-            raise cfg.error(f"expected a whole number in [0, 1e12], got {str(mwl)[:40]}", "max_window_layers")
-        if not g("use_sliding_window", "bool", False):
-            return {}
         local = [i + 1 for i in range(layers) if (types[i] == "sliding_attention" if isinstance(types, list)
                                                    and len(types) == layers else i >= mwl)]
     if window is None or not local:
