@@ -299,6 +299,7 @@ def test_sizes_beyond_the_specs_bounds_are_refused_by_the_import(tmp_path: Path,
     with pytest.raises(SpecError) as e:
         import_config(write(tmp_path, c | {key: 10**8}))
     assert e.value.key == key and e.value.line is not None and str(MAX_INT["model.layers"]) in str(e.value)
+    c.pop("layer_types", None)  # (one per layer)
     assert import_config(write(tmp_path, c | {key: MAX_INT["model.layers"]}))[0].layers == MAX_INT["model.layers"]
 
 
@@ -834,3 +835,101 @@ def test_rope_attention_factor_bad_values(tmp_path: Path, bad: dict) -> None:
     with pytest.raises(SpecError) as e:
         import_config(write(tmp_path, raw("llama") | {"rope_scaling": bad}))
     assert e.value.key == "rope_scaling" and e.value.line is not None
+
+
+STRICT_VALUES = [0, 1, 7, 0.5, "bogus", True, None, [1, 2], {}]
+
+
+@pytest.mark.parametrize("family", sorted(p.name for p in DATA.iterdir() if (p / "config.json").is_file()))
+def test_every_config_the_import_accepts_transformers_builds(family: str) -> None:
+    """transformers (5.24) types its config fields strictly and checks some across fields; `check` accepting what
+    `verify --backend torch` and `audit` then refuse was the fuzzer's commonest finding. Every top-level field (and
+    a few common ones absent here) set to each of STRICT_VALUES: what the import accepts, hf.transformers_config
+    builds. It passes a field as the import reads it: an ignored one it leaves out on refusal, a whole number in a
+    float field as the float (the value kept), a null the import reads as missing as missing."""
+    pytest.importorskip("transformers")
+    from initadvisor.hf import transformers_config
+
+    c = raw(family)
+    failed = []
+    for key in [*sorted(c), "use_cache", "bos_token_id", "id2label", "output_attentions", "problem_type"]:
+        for v in STRICT_VALUES:
+            case = c | {key: v}
+            try:
+                import_config(case)
+            except SpecError:
+                continue
+            try:
+                transformers_config(case)
+            except Exception as e:  # noqa: BLE001
+                failed.append(f"{key}={v!r}: {str(e).splitlines()[-1][:120]}")
+    assert not failed, failed
+    if family == "llama":  # the value kept, as a float
+        assert transformers_config(c | {"initializer_range": 1}).initializer_range == 1.0
+
+
+def test_layer_type_names_are_transformers_own() -> None:
+    """hf.LAYER_TYPES (the import refuses other names in layer_types) is what transformers accepts: its allowed names
+    and the legacy names it maps onto them."""
+    cu = pytest.importorskip("transformers.configuration_utils")
+    from initadvisor.hf import LAYER_TYPES
+
+    assert LAYER_TYPES == set(cu.ALLOWED_ATTN_LAYER_TYPES) | set(cu._LEGACY_LAYER_TYPE_REMAP)
+
+
+@pytest.mark.parametrize("family, change, key, words", [
+    ("gemma2", {"num_hidden_layers": 3}, "layer_types", "2 layer types for 3 layers"),
+    ("qwen3", {"layer_types": ["full_attention", "bogus"]}, "layer_types", "unknown layer type 'bogus'"),
+    ("llama", {"head_dim": 7}, "head_dim", "even head_dim, got 7"),
+    ("llama", {"initializer_range": 2.0}, "initializer_range", "[0, 1]"),
+    ("gemma2", {"query_pre_attn_scalar": 0}, "query_pre_attn_scalar", "[1, 1e12]"),
+    ("gemma3_text", {"query_pre_attn_scalar": 0.5}, "query_pre_attn_scalar", "[1, 1e12]"),
+    ("deepseek_v3", {"first_k_dense_replace": 0.5}, "first_k_dense_replace", "[0, 1e12]"),
+    ("bert", {"type_vocab_size": 0}, "type_vocab_size", "[1, 1e12]"),
+    ("roberta", {"pad_token_id": None}, "pad_token_id", "pad_token_id + 1"),
+    ("qwen3", {"rope_parameters": {"full_attention": {"rope_theta": 1e6, "rope_type": "default"}}},
+     "rope_parameters", "per layer type"),
+    ("roberta", {"pad_token_id": "x"}, "pad_token_id", "[0, 1e12]"),
+    ("modernbert", {"sliding_window": None}, "sliding_window", "twice"),
+])
+def test_what_transformers_refuses_in_a_field_the_import_reads_check_refuses(
+        tmp_path: Path, family: str, change: dict, key: str, words: str) -> None:
+    """Fields that shape the spec, where transformers refuses a value the import used to take (a fallback, a
+    truncation, a crash: query_pre_attn_scalar 0 was a ZeroDivisionError): refused by name, at the field's line."""
+    with pytest.raises(SpecError) as e:
+        import_config(write(tmp_path, raw(family) | change))
+    assert e.value.key == key and e.value.line is not None and words in str(e.value)
+
+
+def test_modernberts_sliding_window_sets_local_attention(tmp_path: Path) -> None:
+    """ModernBERT's config takes sliding_window as the half-window: local_attention = 2 x it, over local_attention's
+    own value (transformers' property setter); the spec's window follows, as transformers builds it."""
+    c = raw("modernbert") | {"sliding_window": 8}
+    spec, notes = import_config(write(tmp_path, c))
+    assert spec.sliding_window == 16 and any("local_attention = 2 x sliding_window" in n for n in notes)
+    transformers = pytest.importorskip("transformers")
+    assert transformers.AutoConfig.for_model(**c).local_attention == 16
+
+
+@pytest.mark.parametrize("family", LLAMA_LIKE + GEMMA)
+@pytest.mark.parametrize("given", ["missing", "null"])
+def test_a_missing_kv_head_count_is_transformers_default(tmp_path: Path, family: str, given: str) -> None:
+    """num_key_value_heads left out is the class default in transformers 5.24 (Mistral and Mixtral 8, Qwen2 and
+    Qwen3 32: a GQA model, or one transformers cannot build), not the head count; a null is Qwen2's and Qwen3's
+    head count. The spec's K/V heads are transformers' (or both refuse)."""
+    transformers = pytest.importorskip("transformers")
+    from initadvisor.hf import transformers_config
+
+    c = raw(family) | {"num_attention_heads": 32, "num_key_value_heads": None}
+    if given == "missing":
+        del c["num_key_value_heads"]
+    try:
+        built = transformers_config(c)
+        kv = built.num_key_value_heads
+        transformers.AutoModel.from_config(built)
+    except Exception:  # noqa: BLE001
+        kv = None
+    try:
+        assert import_config(write(tmp_path, c))[0].kv_heads == kv
+    except SpecError as e:
+        assert kv is None and e.key is not None

@@ -308,3 +308,22 @@ def test_torch_device_that_cannot_measure_is_a_usage_error(tmp_path, device):
     r = run("verify", f, "--backend", "torch", "--device", device, "--seeds", "1", "--seq-len", "8")
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and "--device" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("family, field, value", [("phi3", "pad_token_id", 10**7), ("qwen3", "pad_token_id", 2**40),
+                                                  ("modernbert", "pad_token_id", "x"), ("falcon", "head_dim", 16)])
+def test_torch_builds_past_a_field_the_import_ignores(tmp_path, family, field, value):
+    """A field the import ignores (no effect at init) can still break transformers' model (a pad_token_id past the
+    vocabulary: its embedding's padding_idx; a string transformers refuses, whose default is past this vocabulary;
+    a head_dim FalconConfig cannot set, as a value or as null):
+    `check` takes the config, so `verify --backend torch` and `audit` build it again without the fields the import
+    ignores."""
+    pytest.importorskip("transformers")
+    from initadvisor.audit import audit_config
+
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(json.loads((ROOT / "tests/data/hf" / family / "config.json").read_text()) | {field: value}))
+    assert run("check", f).returncode in (0, 1)
+    r = run("verify", f, "--backend", "torch", "--seeds", "1", "--seq-len", "8", "--format", "json")
+    assert r.returncode in (0, 1), r.stderr
+    assert audit_config(f, layers=1).check is not None

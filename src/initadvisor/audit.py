@@ -702,18 +702,27 @@ def audit_config(path: str | os.PathLike, layers: int = 2, seed: int = 0) -> Aud
     try:  # transformers validates the config its own way: what it refuses is the input's fault, in one line
         from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
-        config = transformers_config(raw)  # (a multimodal wrapper: its language model)
-        full = config.num_hidden_layers
-        config.num_hidden_layers = layers  # GPT-2's n_layer through its attribute_map
-        kinds = getattr(config, "layer_types", None)
-        if isinstance(kinds, list) and kinds:  # per-layer attention kinds (Qwen2): repeated over the new depth
-            config.layer_types = [kinds[i % len(kinds)] for i in range(layers)]
         from initadvisor.torch import build_hf
 
-        auto = AutoModelForCausalLM if spec.causal else AutoModelForMaskedLM
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = build_hf(config, auto)
+        def build(lean: str | None):
+            config = transformers_config(raw, lean)  # (a multimodal wrapper: its language model)
+            full = config.num_hidden_layers
+            config.num_hidden_layers = layers  # GPT-2's n_layer through its attribute_map
+            kinds = getattr(config, "layer_types", None)
+            if isinstance(kinds, list) and kinds:  # per-layer attention kinds (Qwen2): repeated over the new depth
+                config.layer_types = [kinds[i % len(kinds)] for i in range(layers)]
+            auto = AutoModelForCausalLM if spec.causal else AutoModelForMaskedLM
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                return build_hf(config, auto), full
+
+        for lean in (None, "null", "drop"):  # a field the import ignores may break the build: without them
+            try:
+                model, full = build(lean)
+                break
+            except Exception:  # noqa: BLE001
+                if lean == "drop":
+                    raise
     except Exception as e:  # noqa: BLE001
         raise SpecError(one_line(f"transformers cannot build this model: {type(e).__name__}: {e}")[:300],
                         fname) from None

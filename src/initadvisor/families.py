@@ -44,6 +44,11 @@ if TYPE_CHECKING:
     from .hf import _Config
 
 
+# num_key_value_heads where a config leaves it out: transformers' (5.24) class defaults, else the head count
+KV_HEADS_DEFAULT = {"mistral": 8, "mixtral": 8, "qwen2": 32, "qwen3": 32, "qwen3_moe": 4, "gemma2": 4,
+                    "gemma3_text": 4}
+
+
 @dataclass(frozen=True)
 class Family:
     """One HuggingFace model family.
@@ -104,8 +109,23 @@ def _activation(cfg: _Config, key: str, default: str, gated: bool, notes: list[s
     raise cfg.error(f"unsupported {what} {act!r} (supported: {', '.join(supported)})", key)
 
 
+def _kv_heads(cfg: _Config, mt: str, heads: int) -> int:
+    """num_key_value_heads; left out, transformers' class default (KV_HEADS_DEFAULT); a null, the same where
+    transformers refuses it (hf.transformers_config leaves it out), Qwen2's and Qwen3's head count."""
+    kv = cfg.get("num_key_value_heads", "posint", None, spec_key="model.kv_heads")
+    if kv is None:
+        null = cfg.raw.get("num_key_value_heads", 0) is None and mt in ("qwen2", "qwen3")
+        kv = heads if null else KV_HEADS_DEFAULT.get(mt, heads)
+        if kv != heads:
+            cfg.defaulted.append(f"num_key_value_heads={kv}")
+            cfg.src["model.kv_heads"] = "num_key_value_heads"
+    return kv
+
+
 def _init_std(cfg: _Config, notes: list[str]) -> float:
     r = cfg.get("initializer_range", "float", 0.02, spec_key="init.std")
+    if r > 1 and cfg.raw.get("model_type") == "llama":
+        raise cfg.error(f"LlamaConfig takes initializer_range in [0, 1], got {r:g}", "initializer_range")
     if r == 0:  # PreTrainedModel._init_weights: `std = config.initializer_range or 0.02`
         notes.append("initializer_range 0 is replaced by 0.02 in transformers (`initializer_range or 0.02`)")
         return 0.02
@@ -176,8 +196,9 @@ def _bert_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     n_pos = _seq(cfg, "max_position_embeddings")
     length = n_pos
     if mt == "roberta":
-        pad = g("pad_token_id", "any", None)
-        pad = pad if isinstance(pad, int) and not isinstance(pad, bool) and pad >= 0 else 1
+        if "pad_token_id" in cfg.raw and cfg.raw["pad_token_id"] is None:
+            raise cfg.error("null: RoBERTa's position ids count from pad_token_id + 1", "pad_token_id")
+        pad = g("pad_token_id", "natural", 1)
         length = n_pos - (pad + 1)
         notes.append(f"RoBERTa position ids start at pad_token_id + 1 = {pad + 1}: "
                      f"sequence.length = max_position_embeddings {n_pos} - {pad + 1} = {length}")
@@ -189,11 +210,9 @@ def _bert_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
         notes.append(f"position_embedding_type {pos_type!r}: transformers 5.x builds absolute position "
                      "embeddings regardless; mapped as absolute, relative position terms not modelled")
     vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
-    type_vocab = g("type_vocab_size", "any", 2)
-    embeddings = ["token", "position"]
-    if isinstance(type_vocab, int) and not isinstance(type_vocab, bool) and type_vocab >= 1:
-        embeddings.append("segment")
-        notes.append("segment embedding: token_type_ids default to 0, so one token_type row is shared by all tokens")
+    g("type_vocab_size", "posint", 2)  # (transformers looks token_type_ids up in it: one row at least)
+    embeddings = ["token", "position", "segment"]
+    notes.append("segment embedding: token_type_ids default to 0, so one token_type row is shared by all tokens")
     if mt == "electra":
         e = g("embedding_size", "posint", 128)
         if e != d:
@@ -238,6 +257,9 @@ def _rotary(cfg: _Config, notes: list[str], partial_key: str | None = None) -> d
     cfg.used.update(k for k in ("rope_parameters", "rope_theta", "rotary_emb_base", "partial_rotary_factor",
                                 "rope_scaling", partial_key) if k and k in cfg.raw)
     per_type = {k: v for k, v in rp.items() if isinstance(v, dict)}
+    if per_type and cfg.raw.get("model_type") not in ("gemma3_text", "modernbert"):
+        raise cfg.error("rope_parameters per layer type: this family's transformers class takes one flat object",
+                        "rope_parameters")
     if per_type:
         kind = "sliding_attention" if "sliding_attention" in per_type else sorted(per_type)[0]
         others = ", ".join(f"{k} {v.get('rope_theta')}" for k, v in sorted(per_type.items()) if k != kind)
@@ -401,6 +423,12 @@ def _modernbert(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
         raise cfg.error(f"the attention branch's output dropout ({attn_drop:g}) and the MLP's ({drop:g}) differ: one "
                         "rate is modelled", "mlp_dropout")
     local = g("local_attention", "posint", 128, spec_key="model.sliding_window")
+    if "sliding_window" in cfg.raw:  # transformers sets local_attention to twice it (the half-window), over the key
+        if cfg.raw["sliding_window"] is None:
+            raise cfg.error("null: ModernBERT's sliding_window sets local_attention to twice it (leave it out)",
+                            "sliding_window")
+        local = 2 * g("sliding_window", "posint", spec_key="model.sliding_window")
+        notes.append(f"sliding_window {local // 2}: local_attention = 2 x sliding_window = {local} (transformers)")
     types = cfg.raw.get("layer_types")
     if isinstance(types, list) and len(types) == layers:
         cfg.used.add("layer_types")
@@ -414,6 +442,8 @@ def _modernbert(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
                         "\"sliding_attention\": {...}}): transformers refuses a flat one", "rope_parameters")
     rope = _rotary(cfg, notes)
     cutoff = g("initializer_cutoff_factor", "float", 2.0, spec_key="init.std") or 3.0
+    if cfg.raw.get("initializer_range") == 0:  # (its _init_weights divides by it)
+        raise cfg.error("ModernBERT's initializer_range must be > 0", "initializer_range")
     r = _init_std(cfg, notes)
     std, out = _truncated_std(r, cutoff), _truncated_std(r / math.sqrt(2 * layers), cutoff)
     notes.append(f"weights truncated at +-{cutoff:g} std: their std is {std / r:.4f} x the nominal one; output "
@@ -454,7 +484,7 @@ def _falcon(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     new = g("new_decoder_architecture", "bool", False)
     if new:
         kv = g("num_kv_heads", "posint", heads, spec_key="model.kv_heads")
-        g("num_ln_in_parallel_attn", "any", None)  # 1 or 2 input norms: equal (unit gains) at init
+        g("num_ln_in_parallel_attn", "inert")  # 1 or 2 input norms: equal (unit gains) at init
     else:
         kv = 1 if g("multi_query", "bool", True, spec_key="model.kv_heads") else heads
     parallel = new or g("parallel_attn", "bool", True, spec_key="model.parallel_residual")
@@ -496,8 +526,8 @@ def _bloom(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     if g("apply_residual_connection_post_layernorm", "bool", False):
         raise cfg.error("the residual taken after the input norm (h -> N(h) + f(N(h))) is not modelled",
                         "apply_residual_connection_post_layernorm")
-    g("pretraining_tp", "any", None)  # tensor-parallel slicing of the same matrices
-    g("slow_but_exact", "any", None)
+    g("pretraining_tp", "inert")  # tensor-parallel slicing of the same matrices
+    g("slow_but_exact", "inert")
     length = _trained_seq(cfg, "seq_length", 2048, "BLOOM (ALiBi)", notes)
     vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
     std = _init_std(cfg, notes)
@@ -604,7 +634,7 @@ def _t5(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
     drop = g("dropout_rate", "prob", 0.1, spec_key="dropout")
     for k in ("num_decoder_layers", "relative_attention_num_buckets", "relative_attention_max_distance"):
-        g(k, "any", None)
+        g(k, "inert")
     notes.append(f"the encoder stack only (T5EncoderModel); relative_attention_bias: one learned bias per head and "
                  f"distance bucket, N(0, 1 / d_model) at init, adds 1 / {d} to the logits' variance (about 1 for "
                  f"unit inputs): not modelled")
@@ -637,8 +667,7 @@ def _t5(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
 def _llama_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     g = cfg.get
     layers, d, heads, d_ff = _shape(cfg)
-    kv = g("num_key_value_heads", "posint", None, spec_key="model.kv_heads")
-    kv = heads if kv is None else kv
+    kv = _kv_heads(cfg, fam.model_type, heads)
     act = _activation(cfg, "hidden_act", "silu", True, notes)
     length = _seq(cfg, "max_position_embeddings")
     vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
@@ -679,12 +708,12 @@ def _gemma(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     Gemma 2 soft-caps the attention and final logits, Gemma 3 normalises each head's queries and keys."""
     g, mt = cfg.get, fam.model_type
     layers, d, heads, d_ff = _shape(cfg)
-    kv = g("num_key_value_heads", "posint", heads, spec_key="model.kv_heads")
+    kv = _kv_heads(cfg, mt, heads)
     act = _activation(cfg, "hidden_activation", "gelu_pytorch_tanh", True, notes, aliases=("hidden_act",))
     length = _seq(cfg, "max_position_embeddings")
     vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
     head_dim = g("head_dim", "posint", 256, spec_key="model.head_dim")
-    qpas = g("query_pre_attn_scalar", "float", 256, spec_key="model.softmax_scale")
+    qpas = g("query_pre_attn_scalar", "posint", 256, spec_key="model.softmax_scale")
     scale = _attention_scale(head_dim, qpas ** -0.5)
     rope = _rotary(cfg, notes)
     window = _sliding_window(cfg, mt, layers)
@@ -733,8 +762,10 @@ def _deepseek_v3(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     latent = {"q_rank": g("q_lora_rank", "posint", None, spec_key="latent_attention.q_rank"),
               "kv_rank": g("kv_lora_rank", "posint", 512, spec_key="latent_attention.kv_rank"),
               "nope_dim": nope, "rope_dim": rope, "v_dim": g("v_head_dim", "posint", 128, spec_key="latent_attention.v_dim")}
-    for k in ("num_key_value_heads", "head_dim", "qk_head_dim", "rope_interleave", "attention_bias"):
-        g(k, "any", None)  # MLA's keys and values are per head; interleaved pairs turn like halves; biases start at 0
+    for k in ("num_key_value_heads", "qk_head_dim", "rope_interleave", "attention_bias"):
+        g(k, "inert")  # MLA's keys and values are per head; interleaved pairs turn like halves; biases start at 0
+    if "head_dim" in cfg.raw and g("head_dim", "posint", required=True) != rope:  # transformers' rotary table
+        raise cfg.error(f"must equal qk_rope_head_dim ({rope}): transformers sizes the rotary table by it", "head_dim")
     rotary = _rotary(cfg, notes)
     if rope % 2:
         raise cfg.error(f"qk_rope_head_dim must be even, got {rope}", "qk_rope_head_dim")
@@ -754,17 +785,13 @@ def _deepseek_v3(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     top_k = g("num_experts_per_tok", "posint", 8, spec_key="moe.top_k")
     groups = g("n_group", "posint", 8, spec_key="moe.groups")
     top_groups = g("topk_group", "posint", 4, spec_key="moe.top_groups")
-    first_dense = g("first_k_dense_replace", "any", 3)
-    first_dense = first_dense if isinstance(first_dense, int) and not isinstance(first_dense, bool) else 3
+    first_dense = g("first_k_dense_replace", "natural", 3)
     moe = {"experts": experts, "top_k": top_k, "router": "sigmoid",
            "normalize": g("norm_topk_prob", "bool", True, spec_key="moe.normalize"),
            "scale": g("routed_scaling_factor", "float", 2.5, spec_key="moe.scale"),
            "d_ff": g("moe_intermediate_size", "posint", 2048, spec_key="moe.d_ff"),
-           "shared_experts": g("n_shared_experts", "any", 1), "dense_blocks": list(range(1, min(first_dense, layers) + 1)),
+           "shared_experts": g("n_shared_experts", "natural", 1), "dense_blocks": list(range(1, min(first_dense, layers) + 1)),
            "router_std": std, "groups": groups, "top_groups": top_groups}
-    if not (isinstance(moe["shared_experts"], int) and not isinstance(moe["shared_experts"], bool)
-            and moe["shared_experts"] >= 0):
-        raise cfg.error("expected a whole number >= 0", "n_shared_experts")
     head = _head(cfg, False, True, False)  # the final RMSNorm, then lm_head
     model = {**_decoder(layers, d, heads, heads, d_ff, act, "rmsnorm", False, _attention_scale(nope + rope, scale),
                         head), **rotary, "norm_eps": _eps(cfg, "rms_norm_eps", 1e-6)}
@@ -826,6 +853,8 @@ def _sliding_window(cfg: _Config, mt: str, layers: int) -> dict[str, Any]:
         window = g("sliding_window", "posint", default, spec_key="model.sliding_window")
         local = list(range(1, layers + 1))
     elif mt in ("gemma2", "gemma3_text"):
+        if "sliding_window" in cfg.raw and cfg.raw["sliding_window"] is None:  # transformers builds no model
+            raise cfg.error("null: Gemma's sliding layers need a window (leave it out: 4096)", "sliding_window")
         window = g("sliding_window", "posint", 4096, spec_key="model.sliding_window")
         period = 2 if mt == "gemma2" else 6
         local = [i + 1 for i in range(layers) if (types[i] == "sliding_attention" if isinstance(types, list)
@@ -834,15 +863,14 @@ def _sliding_window(cfg: _Config, mt: str, layers: int) -> dict[str, Any]:
         # the window's fields' types either way, so the import does too)
         if cfg.raw.get("sliding_window") is not None:
             g("sliding_window", "posint")
-        mwl = cfg.raw.get("max_window_layers")
-        if mwl is not None and (isinstance(mwl, bool) or not isinstance(mwl, int) or not 0 <= mwl <= 10**12):
-            raise cfg.error(f"expected a whole number in [0, 1e12], got {str(mwl)[:40]}", "max_window_layers")
+        if cfg.raw.get("max_window_layers") is not None:
+            g("max_window_layers", "natural")
         if not g("use_sliding_window", "bool", False):
-            cfg.used.discard("sliding_window")  # (checked, and ignored: no window)
+            cfg.used -= {"sliding_window", "max_window_layers"}  # (checked, and ignored: no window)
             return {}
         window = g("sliding_window", "posint", 4096 if "sliding_window" not in cfg.raw else None,
                    spec_key="model.sliding_window")
-        mwl = g("max_window_layers", "any", 28)
+        mwl = g("max_window_layers", "natural", 28)
         local = [i + 1 for i in range(layers) if (types[i] == "sliding_attention" if isinstance(types, list)
                                                    and len(types) == layers else i >= mwl)]
     if window is None or not local:

@@ -31,6 +31,7 @@ class _Config:
     def __init__(self, raw: dict[str, Any], text: str, fname: str):
         self.raw, self.fname = raw, fname
         self.used: set[str] = set()
+        self.inert: set[str] = set()  # read, and of no effect at init whatever their value (kind "inert")
         self.defaulted: list[str] = []
         self.key_lines = _top_level_key_lines(text)
         self.src: dict[str, str] = {}  # spec key path -> config field it came from
@@ -60,6 +61,8 @@ class _Config:
             return default
         if spec_key:
             self.src[spec_key] = name
+        if kind == "inert":
+            self.inert.add(name)
         v = _typed(self.raw[name], kind, name, self)
         if kind == "posint" and v > MAX_INT.get(spec_key, v):  # the spec's bound, before a family loops over it
             raise self.error(f"must be at most {MAX_INT[spec_key]} ({spec_key}), got {v}", name)
@@ -73,16 +76,17 @@ def _typed(v: Any, kind: str, key: str, cfg: _Config) -> Any:
     elif kind == "bool":
         if not isinstance(v, bool):
             raise cfg.error(f"expected true or false, got {v!r}", key)
-    elif kind == "posint":
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 10**12:
-            raise cfg.error(f"expected a whole number in [1, 1e12], got {str(v)[:40]}", key)
+    elif kind in ("posint", "natural"):
+        lo = 1 if kind == "posint" else 0
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= 10**12:
+            raise cfg.error(f"expected a whole number in [{lo}, 1e12], got {str(v)[:40]}", key)
     elif kind in ("float", "prob"):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or abs(v) > 1e300 or not math.isfinite(v):
             raise cfg.error(f"expected a finite number, got {str(v)[:40]}", key)
         if v < 0 or (kind == "prob" and v >= 1):
             raise cfg.error(f"expected a number in [0, {'1)' if kind == 'prob' else 'inf)'}, got {v!r}", key)
         v = float(v)
-    elif kind == "any":
+    elif kind in ("any", "inert"):
         pass
     else:  # pragma: no cover - programming error
         raise AssertionError(kind)
@@ -248,6 +252,13 @@ def to_yaml(spec_dict: dict[str, Any], notes: list[str] | tuple[str, ...] = (), 
 # Dispatch on model_type (the family mappings are in families.py)
 
 
+# The layer type names transformers (5.24) accepts in layer_types: ALLOWED_ATTN_LAYER_TYPES and the legacy names it
+# maps onto them
+LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention", "window_attention", "indexed_attention",
+               "compressed_sparse_attention", "heavily_compressed_attention", "minimax_m3_sparse", "conv", "moe",
+               "hybrid", "hybrid_sliding", "reference_sliding_attention", "linear_attention", "mamba", "attention",
+               "deepseek_sparse_attention", "qwen_sparse_attention"}
+
 # Multimodal wrappers whose language model is a supported family: model_type -> (its model_type, the key holding it,
 # the nested config class's defaults for what the family mapping requires: transformers fills them in)
 WRAPPERS = {"gemma3": ("gemma3_text", "text_config", {  # Gemma3TextConfig
@@ -270,6 +281,18 @@ def _map(cfg: _Config) -> tuple[dict[str, Any], list[str]]:
     name = cfg.get("_name_or_path", "str") or mt
     out = family.to_spec(cfg, family, notes)
     model = out["model"]
+    kinds = cfg.raw.get("layer_types")
+    if kinds is not None:  # transformers checks them in every family: known names, one per layer
+        if unknown := sorted(set(kinds) - LAYER_TYPES):
+            raise cfg.error(f"unknown layer type {unknown[0][:40]!r} (known: {', '.join(sorted(LAYER_TYPES))})",
+                            "layer_types")
+        if len(kinds) != model["layers"]:
+            raise cfg.error(f"{len(kinds)} layer types for {model['layers']} layers", "layer_types")
+    head = model.get("head_dim") or model["d_model"] // model["heads"]
+    if model.get("rope_theta") and "latent_attention" not in out and head % 2 \
+            and int(head * model["rotary_fraction"]) == head:  # rotate_half pairs the head's coordinates
+        raise cfg.error(f"a fully rotated head needs an even head_dim, got {head}",
+                        cfg.src.get("model.head_dim", cfg.src.get("model.d_model", "head_dim")))
     af = rope_attention_factor(cfg) if model.get("rope_theta") and "latent_attention" not in out else 1.0
     if af != 1.0:  # the rotated share f of each head's logits times af^2: the variance of the logits times
         f = model["rotary_fraction"]  # f af^4 + 1 - f, which the softmax scale carries
@@ -289,22 +312,44 @@ def language_config(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw[key], "model_type": inner_type}
 
 
-def transformers_config(raw: dict[str, Any]):
-    """transformers' config of the stack the spec models (language_config). A null field transformers refuses (its
-    strict fields, 5.24 on) is left out, so it takes its default: the import reads a null as missing, the same."""
+def transformers_config(raw: dict[str, Any], lean: str | None = None):
+    """transformers' config of the stack the spec models (language_config). transformers (5.24 on) refuses what its
+    strict fields do not type. A field it refuses that the import reads as missing (null), ignores or reads as of
+    no effect at init is passed as null, then left out (transformers' default); a whole number in a float field is
+    passed as that float. What else it refuses is raised. `lean` "null" or "drop": the fields the import ignores
+    passed as null or left out, for a model transformers cannot build with them (a refusal that names no field
+    takes "null", then "drop")."""
     import re
 
     from transformers import AutoConfig
 
+    read = _read(raw, None)[2]
+    read = read.nested or read
     cfg = dict(language_config(raw))
+    unused = {k for k in cfg if k != "model_type" and k not in read.used}
+    inert = unused | read.inert
     while True:
+        if lean == "drop":
+            cfg = {k: v for k, v in cfg.items() if k not in unused}
+        elif lean == "null":
+            cfg |= {k: None for k in unused if k in cfg}
         try:
             return AutoConfig.for_model(**cfg)
         except Exception as e:  # noqa: BLE001 - transformers' validation errors have no common base
             refused = re.search(r"field '([^']+)'", str(e))
-            if not refused or refused.group(1) not in cfg or cfg[refused.group(1)] is not None:
+            key = refused.group(1) if refused else None
+            v = cfg.get(key)
+            if key in cfg and v is None:
+                del cfg[key]
+                unused.discard(key)
+            elif key in inert:
+                cfg[key] = None
+            elif key in cfg and type(v) is int and "float" in str(e):
+                cfg[key] = float(v)
+            elif lean != "drop" and unused:  # a check that names no field: without what the import does not read
+                lean = "drop" if lean else "null"
+            else:
                 raise
-            del cfg[refused.group(1)]
 
 
 def _map_wrapped(cfg: _Config, mt: str) -> tuple[dict[str, Any], list[str]]:

@@ -367,16 +367,24 @@ def measure_hf_config(source, spec, seeds: int = 3, batch: int = 2, device: str 
         impl = "sdpa" if config.model_type == "falcon" and getattr(config, "alibi", False) else "eager"
         return build_hf(config, AutoModel, attn_implementation=impl).to(device)
 
-    where = "<config>"
+    where, raw = "<config>", None
     try:  # transformers validates the config its own way: what it refuses is the input's fault, in one line
         if isinstance(source, PretrainedConfig):
             config = source
-        elif isinstance(source, Mapping):
-            config = transformers_config(dict(source))
         else:
-            where = str(Path(source) / "config.json" if Path(source).is_dir() else Path(source))
-            config = transformers_config(_load_json(where)[0])
-        build()
+            if not isinstance(source, Mapping):
+                where = str(Path(source) / "config.json" if Path(source).is_dir() else Path(source))
+            raw = dict(source) if isinstance(source, Mapping) else _load_json(where)[0]
+            config = transformers_config(raw)
+        for lean in (None, "null", "drop"):  # a field the import ignores may break the model (a pad_token_id past
+            try:  # the vocabulary): built again without them (hf.transformers_config)
+                config = transformers_config(raw, lean) if lean else config
+                with torch.no_grad():
+                    build()(input_ids=torch.zeros((1, 2), dtype=torch.long, device=device))
+                break
+            except Exception:
+                if raw is None or lean == "drop":
+                    raise
     except Exception as e:  # noqa: BLE001
         raise SpecError(one_line(f"transformers cannot build this model: {type(e).__name__}: {e}")[:300],
                         where) from None
