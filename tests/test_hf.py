@@ -891,6 +891,10 @@ def test_layer_type_names_are_transformers_own() -> None:
      "rope_parameters", "per layer type"),
     ("roberta", {"pad_token_id": "x"}, "pad_token_id", "[0, 1e12]"),
     ("modernbert", {"sliding_window": None}, "sliding_window", "twice"),
+    ("deepseek_v3", {"num_key_value_heads": 2}, "num_key_value_heads", "must equal num_attention_heads (4)"),
+    ("qwen2", {"head_dim": None}, "head_dim", "null"),
+    ("qwen3", {"layer_types": ["sliding_attention", "full_attention"], "use_sliding_window": False}, "layer_types",
+     "use_sliding_window false"),
 ])
 def test_what_transformers_refuses_in_a_field_the_import_reads_check_refuses(
         tmp_path: Path, family: str, change: dict, key: str, words: str) -> None:

@@ -311,19 +311,40 @@ def test_torch_device_that_cannot_measure_is_a_usage_error(tmp_path, device):
 
 
 @pytest.mark.parametrize("family, field, value", [("phi3", "pad_token_id", 10**7), ("qwen3", "pad_token_id", 2**40),
-                                                  ("modernbert", "pad_token_id", "x"), ("falcon", "head_dim", 16)])
+                                                  ("modernbert", "pad_token_id", "x"), ("falcon", "head_dim", 16),
+                                                  ("phi3", "pad_token_id", ...)])
 def test_torch_builds_past_a_field_the_import_ignores(tmp_path, family, field, value):
     """A field the import ignores (no effect at init) can still break transformers' model (a pad_token_id past the
     vocabulary: its embedding's padding_idx; a string transformers refuses, whose default is past this vocabulary;
-    a head_dim FalconConfig cannot set, as a value or as null):
+    a head_dim FalconConfig cannot set, as a value or as null; Phi-3's default pad_token_id 32000 where it is left
+    out):
     `check` takes the config, so `verify --backend torch` and `audit` build it again without the fields the import
     ignores."""
     pytest.importorskip("transformers")
     from initadvisor.audit import audit_config
 
     f = tmp_path / "config.json"
-    f.write_text(json.dumps(json.loads((ROOT / "tests/data/hf" / family / "config.json").read_text()) | {field: value}))
+    c = json.loads((ROOT / "tests/data/hf" / family / "config.json").read_text()) | {field: value}
+    f.write_text(json.dumps({k: v for k, v in c.items() if v is not ...}))  # ...: left out
     assert run("check", f).returncode in (0, 1)
     r = run("verify", f, "--backend", "torch", "--seeds", "1", "--seq-len", "8", "--format", "json")
     assert r.returncode in (0, 1), r.stderr
     assert audit_config(f, layers=1).check is not None
+
+
+def test_torch_out_of_memory_is_the_memory_refusal(monkeypatch):
+    """A model transformers cannot allocate (fuzz: type_vocab_size 1e8, a 25.6 GB table) is refused as a network too
+    large to measure, as the numpy backend refuses one, not as a config transformers cannot build. (Allocation is
+    faked: a real one depends on the machine.)"""
+    pytest.importorskip("transformers")
+    import initadvisor.torch as it
+    from initadvisor.hf import import_config
+    from initadvisor.spec import SpecError
+
+    def no_memory(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(it, "build_hf", no_memory)
+    path = ROOT / "tests/data/hf/bert/config.json"
+    with pytest.raises(SpecError, match="measuring this network needs more memory"):
+        it.measure_hf_config(path, import_config(path)[0], seeds=1)

@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 KV_HEADS_DEFAULT = {"mistral": 8, "mixtral": 8, "qwen2": 32, "qwen3": 32, "qwen3_moe": 4, "gemma2": 4,
                     "gemma3_text": 4}
 
+# families whose transformers model reads a null head_dim as the width (5.24: a TypeError, no model)
+NULL_HEAD_DIM_REFUSED = ("qwen2", "olmo2", "phi3", "qwen3_moe")
+
 
 @dataclass(frozen=True)
 class Family:
@@ -671,6 +674,8 @@ def _llama_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     act = _activation(cfg, "hidden_act", "silu", True, notes)
     length = _seq(cfg, "max_position_embeddings")
     vocab = g("vocab_size", "posint", required=True, spec_key="sequence.vocab")
+    if "head_dim" in cfg.raw and cfg.raw["head_dim"] is None and fam.model_type in NULL_HEAD_DIM_REFUSED:
+        raise cfg.error("null: transformers takes it as the head width (leave it out)", "head_dim")
     head_dim = g("head_dim", "posint", None, spec_key="model.head_dim") or (d // heads if d >= heads else 1)
     scale = _attention_scale(head_dim, head_dim ** -0.5)
     rope = _rotary(cfg, notes)
@@ -762,8 +767,14 @@ def _deepseek_v3(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     latent = {"q_rank": g("q_lora_rank", "posint", None, spec_key="latent_attention.q_rank"),
               "kv_rank": g("kv_lora_rank", "posint", 512, spec_key="latent_attention.kv_rank"),
               "nope_dim": nope, "rope_dim": rope, "v_dim": g("v_head_dim", "posint", 128, spec_key="latent_attention.v_dim")}
-    for k in ("num_key_value_heads", "qk_head_dim", "rope_interleave", "attention_bias"):
-        g(k, "inert")  # MLA's keys and values are per head; interleaved pairs turn like halves; biases start at 0
+    for k in ("qk_head_dim", "rope_interleave", "attention_bias"):
+        g(k, "inert")  # interleaved pairs turn like halves; biases start at 0
+    kv = g("num_key_value_heads", "posint", None)  # MLA's keys and values are per head: transformers repeats them
+    if kv is None and "num_key_value_heads" not in cfg.raw:  # heads / kv times, so kv must be heads (left out: 128)
+        kv = 128
+    if kv not in (None, heads):
+        raise cfg.error(f"must equal num_attention_heads ({heads}) for multi-head latent attention, got {kv}"
+                        + ("" if "num_key_value_heads" in cfg.raw else " (the default)"), "num_key_value_heads")
     if "head_dim" in cfg.raw and g("head_dim", "posint", required=True) != rope:  # transformers' rotary table
         raise cfg.error(f"must equal qk_rope_head_dim ({rope}): transformers sizes the rotary table by it", "head_dim")
     rotary = _rotary(cfg, notes)
@@ -866,6 +877,9 @@ def _sliding_window(cfg: _Config, mt: str, layers: int) -> dict[str, Any]:
         if cfg.raw.get("max_window_layers") is not None:
             g("max_window_layers", "natural")
         if not g("use_sliding_window", "bool", False):
+            if isinstance(types, list) and "sliding_attention" in types:  # transformers nulls the window: no model
+                raise cfg.error("sliding layers, and use_sliding_window false: transformers builds them without a "
+                                "window size", "layer_types")
             cfg.used -= {"sliding_window", "max_window_layers"}  # (checked, and ignored: no window)
             return {}
         window = g("sliding_window", "posint", 4096 if "sliding_window" not in cfg.raw else None,

@@ -331,8 +331,10 @@ def transformers_config(raw: dict[str, Any], lean: str | None = None):
     while True:
         if lean == "drop":
             cfg = {k: v for k, v in cfg.items() if k not in unused}
-        elif lean == "null":
+        elif lean == "null":  # and no padding row (a family's default pad_token_id may lie past a small vocabulary)
             cfg |= {k: None for k in unused if k in cfg}
+            if "pad_token_id" not in read.used:
+                cfg["pad_token_id"] = None
         try:
             return AutoConfig.for_model(**cfg)
         except Exception as e:  # noqa: BLE001 - transformers' validation errors have no common base

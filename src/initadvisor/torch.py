@@ -386,6 +386,9 @@ def measure_hf_config(source, spec, seeds: int = 3, batch: int = 2, device: str 
                 if raw is None or lean == "drop":
                     raise
     except Exception as e:  # noqa: BLE001
+        if isinstance(e, MemoryError) or "can't allocate memory" in str(e):  # (a table of 1e8 token types)
+            raise SpecError("measuring this network needs more memory than is available: transformers could not "
+                            "allocate its weights", where) from None
         raise SpecError(one_line(f"transformers cannot build this model: {type(e).__name__}: {e}")[:300],
                         where) from None
     return measure(build, seq_len=spec.seq_len, batch=batch, seeds=seeds, device=device)
