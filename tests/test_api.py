@@ -112,3 +112,33 @@ def test_import_initadvisor_is_cheap():
             "assert 'initadvisor.api' in sys.modules; print(sorted(initadvisor.__all__) == dir(initadvisor))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
+
+
+def readme_python(*sections: str) -> list[str]:
+    """The ```python blocks of the README's sections with these headings, in order."""
+    import re
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = []
+    for heading in sections:
+        body = text.split(f"\n{heading}\n", 1)[1].split("\n#", 1)[0]
+        blocks += re.findall(r"```python\n(.*?)```", body, re.S)
+    return blocks
+
+
+def test_readme_python_section_runs_as_written(monkeypatch, capsys):
+    """The README's Python API and audit examples, executed as a user would paste them (from the repository root),
+    and what their comments promise."""
+    pytest.importorskip("transformers")
+    monkeypatch.chdir(ROOT)
+    blocks = readme_python("### Init audit: the model you actually built", "### Python API")
+    assert len(blocks) == 2
+    audit_block, api_block = blocks
+    ns: dict = {}
+    exec(compile(audit_block, "README.md (audit)", "exec"), ns)  # raise_for_findings: a fresh GPT-2 is clean
+    ns = {}
+    exec(compile(api_block, "README.md (Python API)", "exec"), ns)
+    assert (ns["report"].verdict, ns["report"].passed) == ("pass", True)
+    assert ns["report"].to_json() == cli("check", "model_specs/gpt2-small.yaml", "--format", "json")[1].rstrip("\n")
+    assert isinstance(ns["rec"], api.Recommendation) and ns["rec"].alpha_c is not None
+    assert "/" in capsys.readouterr().out  # the progress callback ran

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from initadvisor.errors import MissingExtraError, SpecError, UsageError, one_line
+from initadvisor.progress import Progress, tell
 from initadvisor.rules import Finding
 from initadvisor.spec import MAX_INT, Spec
 
@@ -237,9 +238,10 @@ class VerifyReport(Report, Gated):
 
 def verify(source: Source, *, backend: str = "numpy", device: str = "cpu", seeds: int = 8, batch: int = 1,
            seq_len: int | None = None, tol: float = 0.05, rtol: float = 0.15,
-           project: Mapping[str, Any] | None = None) -> VerifyReport:
+           project: Mapping[str, Any] | None = None, progress: Progress | None = None) -> VerifyReport:
     """Build the random network (numpy, or torch: the real HuggingFace model for a config), measure it under
-    `seeds` initialisations and compare with the theory: |rho error| <= tol, relative q and grad_q <= rtol."""
+    `seeds` initialisations and compare with the theory: |rho error| <= tol, relative q and grad_q <= rtol.
+    `progress(done, total)`: told each seed measured, then the theory (seeds + 1 steps)."""
     import time
 
     from initadvisor.core.model import propagate
@@ -259,15 +261,19 @@ def verify(source: Source, *, backend: str = "numpy", device: str = "cpu", seeds
     spec = load(source, seq_len=seq_len, project=project)
     check_memory(spec, batch, 4, tables=backend == "torch")  # float32 either way: refuse before allocating
     t0 = time.perf_counter()
+    tell(progress, 0, seeds + 1)
     if backend == "torch":
-        per_seed = _measure_torch(source, spec, seeds, batch, device)["per_seed"]
+        per_seed = _measure_torch(source, spec, seeds, batch, device,
+                                  progress and (lambda done, _: progress(done, seeds + 1)))["per_seed"]
     else:
         import numpy as np
 
         from initadvisor.simulate import simulate
 
-        per_seed = [simulate(spec, seeds=1, batch=batch, rng_seed=s, dtype=np.float32, weight_grads=False)
-                    for s in range(seeds)]
+        per_seed = []
+        for s in range(seeds):
+            per_seed.append(simulate(spec, seeds=1, batch=batch, rng_seed=s, dtype=np.float32, weight_grads=False))
+            tell(progress, s + 1, seeds + 1)
     net = from_spec(spec)
     ct = causal_trace(net, backward=True)  # causal models: compare with the position-resolved averages over all tokens
     resolved = None if ct is None else {"rho": ct.rho_mean, "q": ct.q.mean(axis=1), "ipr": ct.y2.mean(axis=1)}
@@ -275,6 +281,7 @@ def verify(source: Source, *, backend: str = "numpy", device: str = "cpu", seeds
         resolved.update(grad_q=ct.grad_q, grad_p=ct.grad_p)
     # standard errors over seeds: the sequences of one initialisation share its weights (see pool_seeds)
     data = compare(spec, propagate(net), pool_seeds(per_seed), tol=tol, rtol=rtol, theory=resolved)
+    tell(progress, seeds + 1, seeds + 1)
     data["measurement"] = {"backend": backend, "seeds": seeds, "batch": batch,
                            "seconds": round(time.perf_counter() - t0, 2)}
     data["notes"] = list(spec.notes)
@@ -293,7 +300,8 @@ def _torch_device(device: str) -> None:
         raise UsageError(f"not a device to measure on here ({one_line(str(e))}), got {device!r}", "--device") from None
 
 
-def _measure_torch(source: Source, spec: Spec, seeds: int, batch: int, device: str) -> dict:
+def _measure_torch(source: Source, spec: Spec, seeds: int, batch: int, device: str,
+                   progress: Progress | None) -> dict:
     """The real HuggingFace model for a config (path, dict or PretrainedConfig), else the spec's network."""
     try:
         import torch  # noqa: F401
@@ -306,12 +314,12 @@ def _measure_torch(source: Source, spec: Spec, seeds: int, batch: int, device: s
           or isinstance(source, Mapping) and "model_type" in source
           or not isinstance(source, (str, os.PathLike, Mapping, Spec)))
     if not hf:
-        return it.measure_spec(spec, seeds=seeds, batch=batch, device=device)
+        return it.measure_spec(spec, seeds=seeds, batch=batch, device=device, progress=progress)
     try:
         import transformers  # noqa: F401
     except ImportError:
         raise MissingExtraError("measuring a HuggingFace model", "hf", "transformers") from None
-    return it.measure_hf_config(source, spec, seeds=seeds, batch=batch, device=device)
+    return it.measure_hf_config(source, spec, seeds=seeds, batch=batch, device=device, progress=progress)
 
 
 @dataclass(frozen=True)
@@ -326,11 +334,13 @@ class Diagram(Report):
 
 def diagram(source: Source, *, x: str = "beta", y: str = "alpha_sa", grid: int = 64,
             x_range: tuple[float, float] | None = None, y_range: tuple[float, float] | None = None,
-            project: Mapping[str, Any] | None = None) -> Diagram:
-    """The trainability diagram (001 Fig. 1c) over x and y: beta, alpha_sa, alpha_mlp, depth or seq_len."""
+            project: Mapping[str, Any] | None = None, progress: Progress | None = None) -> Diagram:
+    """The trainability diagram (001 Fig. 1c) over x and y: beta, alpha_sa, alpha_mlp, depth or seq_len;
+    `progress(done, total)`: told each layer of each chunk of grid points."""
     from initadvisor.phase_diagram import diagram as run
 
-    data = run(load(source, project=project), x=x, y=y, grid=grid, x_range=x_range, y_range=y_range)
+    data = run(load(source, project=project), x=x, y=y, grid=grid, x_range=x_range, y_range=y_range,
+               progress=progress)
     return Diagram(data, x, y, tuple(tuple(r) for r in data["phase"]), dict(data["counts"]))
 
 
@@ -345,9 +355,11 @@ class SweepReport(Report):
 
 
 def sweep(source: Source, *, width: Sequence[int] | None = None, depth: Sequence[int] | None = None,
-          project: Mapping[str, Any] | None = None) -> SweepReport:
-    """The analytic coordinate check over `width` (d_model; head dimension and d_ff / d_model held) or `depth`."""
+          project: Mapping[str, Any] | None = None, progress: Progress | None = None) -> SweepReport:
+    """The analytic coordinate check over `width` (d_model; head dimension and d_ff / d_model held) or `depth`;
+    `progress(done, total)`: told each block of each network profiled."""
     from initadvisor.coords import sweep as run
 
-    data = run(load(source, project=project), width=None if width is None else list(width), depth=None if depth is None else list(depth))
+    data = run(load(source, project=project), width=None if width is None else list(width),
+               depth=None if depth is None else list(depth), progress=progress)
     return SweepReport(data, data["axis"], tuple(data["values"]), dict(data["exponents"]))

@@ -56,6 +56,7 @@ from torch import nn
 from initadvisor import __version__
 from initadvisor.errors import UsageError, one_line
 from initadvisor.init_code import RULES as SUFFIX_ROLES
+from initadvisor.progress import Progress, tell
 from initadvisor.rules import RULES, Finding, finding
 from initadvisor.spec import MATRICES, Spec, SpecError, build_spec
 from initadvisor.torch import _accepts, _has_token_types, find_blocks
@@ -485,12 +486,14 @@ def _pytorch_default(module: nn.Module, n: int, std: float, max_abs: float, inte
     return None
 
 
-def audit(model: nn.Module, config: Any = None, truncation: float | None = None) -> AuditReport:
+def audit(model: nn.Module, config: Any = None, truncation: float | None = None,
+          progress: Progress | None = None) -> AuditReport:
     """Audit `model`'s initialisation (see the module docstring): per-tensor std and mean against the intended
     init, findings IA601-IA606, and `check` on the spec of the weights as they are.
 
     `config`: the intended init, anything `initadvisor.api.load` reads (default: the model's HuggingFace config,
-    or nanoGPT's init). `truncation`: the init is meant to be normal truncated at +-truncation std (IA605)."""
+    or nanoGPT's init). `truncation`: the init is meant to be normal truncated at +-truncation std (IA605).
+    `progress(done, total)`: told after the probe step, each tensor and the check."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"audit needs a torch.nn.Module, got {type(model).__name__}")
     if truncation is not None and (isinstance(truncation, bool) or not isinstance(truncation, (int, float))
@@ -505,10 +508,12 @@ def audit(model: nn.Module, config: Any = None, truncation: float | None = None)
     intent = _intent(model, config, family, blocks, parts, notes)
     layers = blocks or (intent.spec.layers if intent.spec else 1)
     grads = _probe(model, notes)
+    total = len(parts) + 2  # the probe, each tensor, the check
 
     issues: dict[tuple, list[tuple[_Part, dict]]] = {}  # (code, name pattern, key) -> [(part, its numbers)]
     rows, defaults = [], set()
-    for p in parts:
+    for i, p in enumerate(parts):
+        tell(progress, i + 1, total)
         n, std, mean, max_abs, hi, lo = _stats(p.tensor)
         intended = _intended(p, intent)
         m = {"n": n, "std": std, "mean": mean, "max_abs": max_abs, "intended": intended}
@@ -558,8 +563,11 @@ def audit(model: nn.Module, config: Any = None, truncation: float | None = None)
         notes.append("no spec for the model's structure: no check report")
     from initadvisor.diagnose import check
 
-    return AuditReport(type(model).__name__, family, blocks, intent.source, tied, rows, findings,
-                       check(spec) if spec is not None else None, notes)
+    tell(progress, total - 1, total)
+    report = AuditReport(type(model).__name__, family, blocks, intent.source, tied, rows, findings,
+                         check(spec) if spec is not None else None, notes)
+    tell(progress, total, total)
+    return report
 
 
 def _check_moments(p: _Part, m: dict, intended: float | None, report, layers: int) -> None:
@@ -679,9 +687,11 @@ def _measured_spec(spec: Spec, rows: list[TensorStat], tied: bool | None, notes:
 # the command: a config.json, built on CPU
 
 
-def audit_config(path: str | os.PathLike, layers: int = 2, seed: int = 0) -> AuditReport:
+def audit_config(path: str | os.PathLike, layers: int = 2, seed: int = 0,
+                 progress: Progress | None = None) -> AuditReport:
     """`initadvisor audit config.json`: build the HuggingFace model with its LM head (...ForCausalLM, or
-    ...ForMaskedLM for encoders) on CPU with `layers` blocks under torch seed `seed`, and audit it."""
+    ...ForMaskedLM for encoders) on CPU with `layers` blocks under torch seed `seed`, and audit it;
+    `progress(done, total)`: told once the model is built, then as `audit` tells it."""
     from initadvisor.hf import _load_json, import_config, transformers_config
 
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
@@ -726,7 +736,8 @@ def audit_config(path: str | os.PathLike, layers: int = 2, seed: int = 0) -> Aud
     except Exception as e:  # noqa: BLE001
         raise SpecError(one_line(f"transformers cannot build this model: {type(e).__name__}: {e}")[:300],
                         fname) from None
-    report = audit(model)
+    tell(progress, 1, 2)
+    report = audit(model, progress=progress and (lambda done, total: progress(done + 1, total + 1)))
     report.notes.insert(0, f"built {type(model).__name__} on CPU with {layers} of the config's {full} layers "
                            f"(torch seed {seed}); the check report is for these {layers} layers")
     return report

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from initadvisor.errors import InitAdvisorError, UsageError, one_line
+from initadvisor.progress import bar
 
 COMMANDS: dict[str, tuple[tuple, Callable]] = {}
 PROG = "initadvisor"
@@ -103,12 +104,13 @@ def emit(report, fmt: str, render: Callable | None = None) -> None:
     render(report.data, Console())
 
 
-def figures(a, run: Callable, save: str, render: Callable) -> None:
-    """A command with --png/--svg: refuse unwritable files first, run, save the pictures (initadvisor.plots.`save`),
-    then print the report."""
+def figures(a, run: Callable, save: str, render: Callable, label: str) -> None:
+    """A command with --png/--svg: refuse unwritable files first, run (`run(progress)`, a progress bar named
+    `label` on a terminal), save the pictures (initadvisor.plots.`save`), then print the report."""
     output_path(a.png, "--png", figures=True)
     output_path(a.svg, "--svg", figures=True)
-    res = run()
+    with bar(label, a.format) as progress:
+        res = run(progress)
     for path in (a.png, a.svg):
         if path is not None:
             from initadvisor import plots
@@ -227,8 +229,9 @@ def verify(a) -> int:
     from initadvisor import api
 
     output_path(a.plot, "--plot", figures=True)
-    rep = api.verify(a.spec, backend=a.backend, device=a.device, seeds=a.seeds, batch=a.batch,
-                     seq_len=a.seq_len, tol=a.tol, rtol=a.rtol, project=project_config())
+    with bar("verify", a.format) as progress:
+        rep = api.verify(a.spec, backend=a.backend, device=a.device, seeds=a.seeds, batch=a.batch,
+                         seq_len=a.seq_len, tol=a.tol, rtol=a.rtol, project=project_config(), progress=progress)
     if a.plot is not None:
         from initadvisor.plots import save_verify
 
@@ -257,9 +260,11 @@ def diagram(a) -> int:
     from initadvisor import api
     from initadvisor.report import render_diagram
 
-    figures(a, lambda: api.diagram(a.spec, x=a.x, y=a.y, grid=a.grid, x_range=a.x_range and tuple(a.x_range),
-                                   y_range=a.y_range and tuple(a.y_range), project=project_config()),
-            "save_diagram", render_diagram)
+    figures(a, lambda progress: api.diagram(a.spec, x=a.x, y=a.y, grid=a.grid,
+                                            x_range=a.x_range and tuple(a.x_range),
+                                            y_range=a.y_range and tuple(a.y_range), project=project_config(),
+                                            progress=progress),
+            "save_diagram", render_diagram, "diagram")
     return 0
 
 
@@ -283,8 +288,8 @@ def sweep(a) -> int:
     from initadvisor import api
     from initadvisor.report import render_sweep
 
-    figures(a, lambda: api.sweep(a.spec, width=a.width, depth=a.depth, project=project_config()), "save_sweep",
-            render_sweep)
+    figures(a, lambda progress: api.sweep(a.spec, width=a.width, depth=a.depth, project=project_config(),
+                                          progress=progress), "save_sweep", render_sweep, "sweep")
     return 0
 
 
@@ -324,7 +329,8 @@ def audit(a) -> int:
     from initadvisor.audit import audit_config
     from initadvisor.report import render_audit
 
-    rep = audit_config(a.config, layers=a.layers, seed=a.seed)
+    with bar("audit", a.format) as progress:
+        rep = audit_config(a.config, layers=a.layers, seed=a.seed, progress=progress)
     if a.format == "json":
         sys.stdout.write(rep.to_json() + "\n")
     else:

@@ -19,6 +19,7 @@ from initadvisor.core.ops import Attention, Residual, causal_forward, leaves, mo
 from initadvisor.diagnose import fits, notes as causal_notes, resolvable
 from initadvisor.errors import UsageError
 from initadvisor.numbers import LIMIT, clean
+from initadvisor.progress import Progress, tell
 from initadvisor.spec import MAX_INT
 from initadvisor.stack import from_spec
 
@@ -36,16 +37,19 @@ MODULES = {
 }
 
 
-def sweep(spec, width: list[int] | None = None, depth: list[int] | None = None) -> dict:
+def sweep(spec, width: list[int] | None = None, depth: list[int] | None = None,
+          progress: Progress | None = None) -> dict:
     """Module output sizes at init over widths (d_model; head dimension and d_ff / d_model held) or depths
-    (layers), and their fitted exponents. Exactly one of width, depth; values are sorted, duplicates dropped."""
+    (layers), and their fitted exponents. Exactly one of width, depth; values are sorted, duplicates dropped.
+    `progress(done, total)`: told each block of each network profiled."""
     if (width is None) == (depth is None):
         raise _bad("give exactly one of --width and --depth", "--width")
     axis, option = ("width", "--width") if width is not None else ("depth", "--depth")
     values = _values(width if width is not None else depth, option)
     if axis == "width":
         specs = [_at_width(spec, n) for n in values]
-        configs = [{"value": n, **_sizes(s, _profile(s))} for n, s in zip(values, specs)]
+        done = _counter(progress, spec.layers * len(specs))
+        configs = [{"value": n, **_sizes(s, _profile(s, done))} for n, s in zip(values, specs)]
         group = spec.heads // spec.kv_heads
         held = (f"head dimension {spec.d_head} held (heads = width / {spec.d_head}"
                 + (f", kv_heads = heads / {group}" if group > 1 else "")
@@ -56,7 +60,7 @@ def sweep(spec, width: list[int] | None = None, depth: list[int] | None = None) 
             if L > MAX_INT["model.layers"]:
                 raise _bad(f"depth {L} is over the maximum of {MAX_INT['model.layers']} layers", option)
         specs = [spec.with_overrides(layers=values[-1])]
-        profile = _profile(specs[0])  # identical blocks: depth L is the first L blocks of the deepest network
+        profile = _profile(specs[0], _counter(progress, values[-1]))  # identical blocks: depth L is the first L blocks of the deepest network
         configs = [{"value": L, **_sizes(spec.with_overrides(layers=L), profile)} for L in values]
         held = "layers vary; every other field (residual scales included) as the spec writes it"
     out, _ = clean({
@@ -108,10 +112,20 @@ def _at_width(spec, n: int):
     return spec.with_overrides(d_model=n, heads=heads, kv_heads=heads // group, d_ff=d_ff)
 
 
-def _profile(spec) -> dict[str, np.ndarray]:
+def _counter(progress: Progress | None, total: int):
+    """A step() that tells `progress` one more of `total` steps done."""
+    done = [0]
+
+    def step() -> None:
+        done[0] += 1
+        tell(progress, done[0], total)
+    return step
+
+
+def _profile(spec, step=lambda: None) -> dict[str, np.ndarray]:
     """(RMS, mean |x|) rows of the stream and the logits at indices 0..L, and of the value each block's attention
     and MLP branch adds; causal specs (within the position-resolved engine's reach) pool the positions, sliding windows
-    beyond it take the late tokens' (distance-resolved, as `check`)."""
+    beyond it take the late tokens' (distance-resolved, as `check`); step() is called after each block."""
     stack = from_spec(spec)
     if spec.causal and resolvable(stack):
         from initadvisor.core import causal as cz
@@ -133,6 +147,7 @@ def _profile(spec) -> dict[str, np.ndarray]:
             with np.errstate(over="ignore", invalid="ignore"):
                 S = cz._clamp(G, run(ops, S))
             streams.append(S.qf)
+            step()
     elif stack.windowed and fits(len(stack.layers), spec.seq_len):  # the late tokens by distance, as `check`
         from initadvisor.core.distances import block_forward, distance_forward
 
@@ -143,11 +158,14 @@ def _profile(spec) -> dict[str, np.ndarray]:
             added.append(_added(ops, s, lambda ops, s: distance_forward(ops, *s)[:2], lambda s: s[0]))
             s = block_forward(ops, *s)[:2]
             streams.append(s[0])
+            step()
     else:
         trace = propagate(stack, backward=False)
         streams = list(trace.q)
-        added = [_added(ops, (q, p), lambda ops, s: moments_forward(ops, *s)[:2], lambda s: s[0])
-                 for ops, q, p in zip(stack.blocks, trace.q, trace.p)]
+        added = []
+        for ops, q, p in zip(stack.blocks, trace.q, trace.p):
+            added.append(_added(ops, (q, p), lambda ops, s: moments_forward(ops, *s)[:2], lambda s: s[0]))
+            step()
     return {"stream": np.array([_size(q) for q in streams]), "q": streams,
             **{m: np.array([_size(a[m]) for a in added]).reshape(-1, 2) for m in ("attention", "mlp")}}
 

@@ -49,6 +49,7 @@ from initadvisor.core.model import Stack, propagate
 from initadvisor.core.ops import Attention, find, moments_forward
 from initadvisor.numbers import clean, overflow_findings
 from initadvisor.errors import UsageError
+from initadvisor.progress import Progress
 from initadvisor.stack import from_spec, spec_beta
 
 SCHEMA = "initadvisor.diagram/1"
@@ -170,27 +171,30 @@ def _overrides(spec, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def sweep(stack: Stack, over: dict[str, np.ndarray], layers: int, per_layer: bool = False) -> dict[str, np.ndarray]:
+def sweep(stack: Stack, over: dict[str, np.ndarray], layers: int, per_layer: bool = False,
+          progress: Progress | None = None) -> dict[str, np.ndarray]:
     """Stream flat arrays of BlockParams overrides through the stack's first `layers` blocks (its last block
     repeated beyond its depth).
 
     Returns max_rho (over layers 0..L), max_beta_ratio (over blocks 1..L) and final_rho, each of shape (n,);
     with per_layer, their prefixes: cum_rho (L+1, n) = max rho over layers 0..l, cum_ratio (L, n) = max
-    beta/beta_c over blocks 1..l+1, and rho (L+1, n).
+    beta/beta_c over blocks 1..l+1, and rho (L+1, n). `progress(done, total)`: told each layer of each chunk.
     """
     n = len(next(iter(over.values()))) if over else 1
     step = CHUNK if all(P.activation in CLOSED_FORM for P in stack.layers) else QUAD_CHUNK
     res = {k: np.empty(n) for k in ("max_rho", "max_beta_ratio", "final_rho")}
     if per_layer:
         res.update(cum_rho=np.empty((layers + 1, n)), cum_ratio=np.empty((layers, n)), rho=np.empty((layers + 1, n)))
-    for s in range(0, n, step):
+    chunks = -(-n // step)
+    for c, s in enumerate(range(0, n, step)):
         idx = np.arange(s, min(s + step, n))
         fields = {k: v[idx] for k, v in over.items()}
-        _run_chunk(stack.replace(**fields), layers, idx, res, per_layer)
+        _run_chunk(stack.replace(**fields), layers, idx, res, per_layer,
+                   progress and (lambda layer, c=c: progress(c * layers + layer, chunks * layers)))
     return res
 
 
-def _run_chunk(stack: Stack, layers, idx, res, per_layer) -> None:
+def _run_chunk(stack: Stack, layers, idx, res, per_layer, done=None) -> None:
     m = idx.size
     q0, p0 = stack.embeddings.moments()
     blocks = stack.blocks
@@ -210,6 +214,8 @@ def _run_chunk(stack: Stack, layers, idx, res, per_layer) -> None:
             res["cum_rho"][layer + 1, idx] = mx_rho
             res["cum_ratio"][layer, idx] = mx_ratio
             res["rho"][layer + 1, idx] = rho
+        if done is not None:
+            done(layer + 1)
     res["max_rho"][idx], res["max_beta_ratio"][idx], res["final_rho"][idx] = mx_rho, mx_ratio, rho
 
 
@@ -264,8 +270,9 @@ def _r_or_none(x):
 # ---------------------------------------------------------------------------------------------
 
 
-def diagram(spec, x: str = "beta", y: str = "alpha_sa", grid: int = 64, x_range=None, y_range=None) -> dict:
-    """The `initadvisor.diagram/1` result: phase[j][i] at (x.values[i], y.values[j])."""
+def diagram(spec, x: str = "beta", y: str = "alpha_sa", grid: int = 64, x_range=None, y_range=None,
+            progress: Progress | None = None) -> dict:
+    """The `initadvisor.diagram/1` result: phase[j][i] at (x.values[i], y.values[j]); `progress`: see `sweep`."""
     for name, opt in ((x, "--x"), (y, "--y")):
         if name not in AXES:
             raise _err(f"unknown axis {name!r}; choose from {', '.join(AXES)}", opt)
@@ -278,13 +285,13 @@ def diagram(spec, x: str = "beta", y: str = "alpha_sa", grid: int = 64, x_range=
     ny, nx = ys.size, xs.size
     if "depth" in (x, y):
         other, ov, dv = (y, ys, xs) if x == "depth" else (x, xs, ys)
-        r = sweep(from_spec(spec), _overrides(spec, {other: ov}), int(dv.max()), per_layer=True)
+        r = sweep(from_spec(spec), _overrides(spec, {other: ov}), int(dv.max()), per_layer=True, progress=progress)
         mr, mb, fr = r["cum_rho"][dv], r["cum_ratio"][dv - 1], r["rho"][dv]  # (n_depth, n_other)
         if x == "depth":
             mr, mb, fr = mr.T, mb.T, fr.T  # rows = y = other
     else:
         Y, X = np.meshgrid(ys, xs, indexing="ij")
-        r = sweep(from_spec(spec), _overrides(spec, {x: X.ravel(), y: Y.ravel()}), spec.layers)
+        r = sweep(from_spec(spec), _overrides(spec, {x: X.ravel(), y: Y.ravel()}), spec.layers, progress=progress)
         mr, mb, fr = (r[k].reshape(ny, nx) for k in ("max_rho", "max_beta_ratio", "final_rho"))
     thr = spec.thresholds["rank_collapse_rho"]
     codes = classify(mr, mb, thr)

@@ -41,6 +41,7 @@ from torch import nn
 from initadvisor.core.causal import thirds
 from initadvisor.core.ops import zipf_ids
 from initadvisor.families import ATTN_DROPOUT_KEYS, BLOCK_PATHS
+from initadvisor.progress import tell
 from initadvisor.simulate import mean_se, ratio_se
 
 __all__ = ["measure", "find_blocks", "reinit", "sample_tokens", "measure_spec", "measure_hf_config", "apply",
@@ -237,18 +238,19 @@ def measure(
     rng_seed: int = 0,
     attentions: bool = True,
     dtype: torch.dtype = torch.float32,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Measure per-stream-index second moments of a randomly initialised model (see the module docstring).
 
-    `model`: a HuggingFace model or nanoGPT-style module (re-created for each seed from its config, see
-    `reinit`), or a factory returning a fresh model. `seeds` fresh initialisations (torch seeds rng_seed*1000 +
-    s) of `batch` sequences each; `train`: training mode (dropout active). `input_ids` (batch, seq_len) replaces
-    the random tokens. Returns a dict of numpy arrays: q, p, rho, q_thirds, rho_thirds (L+1, 3), grad_q, grad_p,
-    grad_q_norm, grad_p_norm, grad_rho (length L+1), grad_q_norm_thirds (L+1, 3; each third's grad_q over its
-    own value at index L), ipr, ipr_thirds (length L, when attentions are returned),
-    each X with X_se (over the seeds x batch sequences taken as independent), plus n, seeds, batch, layers,
-    tokens, attn_dropout, and per_seed: one dict of per-seed means (q, p, grad_q, grad_p[, ipr]) per seed, for
-    standard errors over seeds (`initadvisor.verification.pool_seeds`)."""
+    `model`: a HuggingFace model or nanoGPT-style module (re-created for each seed from its config, see `reinit`),
+    or a factory returning a fresh model. `seeds` fresh initialisations (torch seeds rng_seed*1000 + s) of `batch`
+    sequences each; `train`: training mode (dropout active). `input_ids` (batch, seq_len) replaces the random
+    tokens. `progress(done, total)` is told each seed done (`initadvisor.progress`). Returns a dict of numpy arrays:
+    q, p, rho, q_thirds, rho_thirds (L+1, 3), grad_q, grad_p, grad_q_norm, grad_p_norm, grad_rho (length L+1),
+    grad_q_norm_thirds (L+1, 3; each third's grad_q over its own value at index L), ipr, ipr_thirds (length L, when
+    attentions are returned), each X with X_se (over the seeds x batch sequences taken as independent), plus n,
+    seeds, batch, layers, tokens, attn_dropout, and per_seed: one dict of per-seed means (q, p, grad_q, grad_p[,
+    ipr]) per seed, for standard errors over seeds (`initadvisor.verification.pool_seeds`)."""
     if seeds < 1 or batch < 1:
         raise ValueError("seeds and batch must be >= 1")
     if seq_len < 2:
@@ -275,6 +277,7 @@ def measure(
         runs.append(_run_one(m, ids, gen, want_att))
         ipr_factor = 1.0 - _attn_dropout(m) if train else 1.0
         del m
+        tell(progress, s + 1, seeds)
     cat = {k: np.concatenate([r[k] for r in runs], axis=0) for k in runs[0] if all(k in r for r in runs)}
     L = cat["q"].shape[1] - 1
     out: dict[str, Any] = {}
@@ -345,13 +348,14 @@ class SpecModel(nn.Module):
         return x
 
 
-def measure_spec(spec, seeds: int = 3, batch: int = 2, device: str = "cpu") -> dict[str, Any]:
+def measure_spec(spec, seeds: int = 3, batch: int = 2, device: str = "cpu", progress=None) -> dict[str, Any]:
     """`verify --backend torch` on a YAML spec: the spec's network in PyTorch."""
     return measure(lambda: SpecModel(spec).to(device), seq_len=spec.seq_len, batch=batch, seeds=seeds,
-                   vocab=spec.vocab, device=device, attentions=False)
+                   vocab=spec.vocab, device=device, attentions=False, progress=progress)
 
 
-def measure_hf_config(source, spec, seeds: int = 3, batch: int = 2, device: str = "cpu") -> dict[str, Any]:
+def measure_hf_config(source, spec, seeds: int = 3, batch: int = 2, device: str = "cpu",
+                      progress=None) -> dict[str, Any]:
     """`verify --backend torch` on a HuggingFace config (a config.json path or folder, a dict or a
     PretrainedConfig): the real model, randomly initialised."""
     from collections.abc import Mapping
@@ -391,7 +395,7 @@ def measure_hf_config(source, spec, seeds: int = 3, batch: int = 2, device: str 
                             "allocate its weights", where) from None
         raise SpecError(one_line(f"transformers cannot build this model: {type(e).__name__}: {e}")[:300],
                         where) from None
-    return measure(build, seq_len=spec.seq_len, batch=batch, seeds=seeds, device=device)
+    return measure(build, seq_len=spec.seq_len, batch=batch, seeds=seeds, device=device, progress=progress)
 
 
 def build_hf(config, auto, **kw) -> nn.Module:
@@ -430,8 +434,9 @@ def apply(model: nn.Module, recommendation: dict) -> list[dict[str, Any]]:
              "std_after": float(weights[n].detach().float().std())} for n, role in done.items()]
 
 
-def audit(model: nn.Module, config=None, truncation: float | None = None):
+def audit(model: nn.Module, config=None, truncation: float | None = None,
+          progress: Callable[[int, int], None] | None = None):
     """Audit a live model's initialisation against the intended one: `initadvisor.audit.audit`."""
     from initadvisor.audit import audit as run
 
-    return run(model, config, truncation)
+    return run(model, config, truncation, progress)
