@@ -190,3 +190,24 @@ def test_json_on_a_real_terminal_is_json_alone(small_spec):
     assert p.wait() in (0, 1)
     text = b"".join(chunks).decode().replace("\r\n", "\n")
     assert json.loads(text)["schema"] == "initadvisor.verify/1"
+
+
+@pytest.mark.parametrize("call", [
+    lambda bad: api.verify(SMALL, seeds=1, progress=bad),
+    lambda bad: api.sweep(SMALL, width=[32], progress=bad),
+    lambda bad: api.diagram(SMALL, grid=4, progress=bad),
+])
+def test_a_progress_that_is_not_callable_is_a_usage_error(call):
+    from initadvisor import UsageError
+
+    with pytest.raises(UsageError, match="progress: must be a callable"):
+        call(5)
+
+
+def test_audit_refuses_a_progress_that_is_not_callable():
+    pytest.importorskip("transformers")
+    from initadvisor import UsageError
+    from initadvisor.audit import audit_config
+
+    with pytest.raises(UsageError, match="progress"):
+        audit_config(HF / "llama/config.json", layers=1, progress="yes")

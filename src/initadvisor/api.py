@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from initadvisor.errors import MissingExtraError, SpecError, UsageError, one_line
-from initadvisor.progress import Progress, tell
+from initadvisor.progress import Progress, checked, tell
 from initadvisor.rules import Finding
 from initadvisor.spec import MAX_INT, Spec
 
@@ -258,6 +258,7 @@ def verify(source: Source, *, backend: str = "numpy", device: str = "cpu", seeds
     for name, v, hi in (("--tol", tol, 2.0), ("--rtol", rtol, 100.0)):
         if not 0 <= v <= hi:
             raise UsageError(f"must be in [0, {hi:g}], got {v}", name)
+    progress = checked(progress)
     spec = load(source, seq_len=seq_len, project=project)
     check_memory(spec, batch, 4, tables=backend == "torch")  # float32 either way: refuse before allocating
     t0 = time.perf_counter()
@@ -340,7 +341,7 @@ def diagram(source: Source, *, x: str = "beta", y: str = "alpha_sa", grid: int =
     from initadvisor.phase_diagram import diagram as run
 
     data = run(load(source, project=project), x=x, y=y, grid=grid, x_range=x_range, y_range=y_range,
-               progress=progress)
+               progress=checked(progress))
     return Diagram(data, x, y, tuple(tuple(r) for r in data["phase"]), dict(data["counts"]))
 
 
@@ -361,5 +362,5 @@ def sweep(source: Source, *, width: Sequence[int] | None = None, depth: Sequence
     from initadvisor.coords import sweep as run
 
     data = run(load(source, project=project), width=None if width is None else list(width),
-               depth=None if depth is None else list(depth), progress=progress)
+               depth=None if depth is None else list(depth), progress=checked(progress))
     return SweepReport(data, data["axis"], tuple(data["values"]), dict(data["exponents"]))

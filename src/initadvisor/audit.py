@@ -56,7 +56,7 @@ from torch import nn
 from initadvisor import __version__
 from initadvisor.errors import UsageError, one_line
 from initadvisor.init_code import RULES as SUFFIX_ROLES
-from initadvisor.progress import Progress, tell
+from initadvisor.progress import Progress, checked, tell
 from initadvisor.rules import RULES, Finding, finding
 from initadvisor.spec import MATRICES, Spec, SpecError, build_spec
 from initadvisor.torch import _accepts, _has_token_types, find_blocks
@@ -499,6 +499,7 @@ def audit(model: nn.Module, config: Any = None, truncation: float | None = None,
     if truncation is not None and (isinstance(truncation, bool) or not isinstance(truncation, (int, float))
                                    or not truncation > 0):
         raise ValueError(f"truncation must be a positive number of standard deviations, got {truncation!r}")
+    progress = checked(progress)
     notes: list[str] = []
     prefix, blocks = _blocks(model)
     heads = config.heads if isinstance(config, Spec) else getattr(getattr(model, "config", None),
@@ -696,6 +697,7 @@ def audit_config(path: str | os.PathLike, layers: int = 2, seed: int = 0,
 
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise UsageError(f"must be a whole number >= 1, got {layers!r}", "--layers")
+    progress = checked(progress)
     spec, _ = import_config(path)  # refuses what check refuses, naming the file and key
     from dataclasses import replace
 

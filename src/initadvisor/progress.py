@@ -19,6 +19,16 @@ Progress = Callable[[int, int], None]
 DELAY = 0.5  # seconds before the bar appears
 
 
+def checked(progress: Progress | None) -> Progress | None:
+    """`progress` itself, if it is None or callable (else a UsageError naming the argument)."""
+    if progress is not None and not callable(progress):
+        from initadvisor.errors import UsageError
+
+        raise UsageError(f"must be a callable progress(done, total) or None, got {type(progress).__name__}",
+                         "progress")
+    return progress
+
+
 def tell(progress: Progress | None, done: int, total: int) -> None:
     """Report `done` of `total` steps to `progress`, if any."""
     if progress is not None:
