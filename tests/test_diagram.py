@@ -182,3 +182,17 @@ def test_png_and_svg_written(tmp_path):
         p = save_profiles(check(spec), tmp_path / f"p.{suffix}")
         assert p.stat().st_size > 1000
     assert (tmp_path / "p.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_default_beta_axis_of_a_collapsed_input_stays_in_range():
+    """Fuzz seed 110: a segment-only input (rho 1) has an unbounded beta_c at block 1; the default beta axis then
+    ends at the axis's maximum (1e6), every value a number (it was 3e300, reported as nulls)."""
+    from initadvisor import schemas
+    from initadvisor.spec import build_spec
+
+    spec = build_spec({"model": {"layers": 3, "d_model": 16, "heads": 1},
+                       "sequence": {"embeddings": ["segment"], "vocab": 1}})
+    res = diagram(spec, grid=9)
+    values = res["x"]["values"]
+    assert all(isinstance(v, float) and 0 < v <= 1e6 for v in values) and values[-1] == 1e6
+    schemas.validate(res, "diagram")

@@ -110,7 +110,8 @@ def spec_value(spec, name: str) -> float:
 
 def default_range(spec, name: str) -> tuple[float, float]:
     return {
-        "beta": lambda: _beta_range(3.0 * beta_c_input(spec)),
+        "beta": lambda: _beta_range(min(3.0 * beta_c_input(spec), MAXIMUM["beta"])),  # (a collapsed input's
+        # beta_c is unbounded)
         "alpha_sa": lambda: (0.0, 3.0),
         "alpha_mlp": lambda: (0.0, 3.0),
         "depth": lambda: (1, 2 * spec.layers),
