@@ -152,7 +152,8 @@ def test_causal_recipe_is_judged_on_its_own_per_layer_model():
     own = from_spec(recipe.spec).layers  # the spec's blocks (block 1 reads the tokens' repeats), no per-layer values
     hand = [block(replace(P, g_v=float(gv), g_o=float(go)))
             for P, gv, go in zip(own, recipe.per_layer["g_v"], recipe.per_layer["g_o"])]
-    want = propagate_overlaps(hand, *input_moments(recipe.spec), spec.seq_len).rho_thirds[-1, 2]
+    want = propagate_overlaps(hand, *input_moments(recipe.spec), spec.seq_len,
+                              repeats=from_spec(recipe.spec).embeddings.repeats()).rho_thirds[-1, 2]
     a = analyse(recipe.spec, recipe.stack())
     assert a.ct.rho_thirds[-1, 2] == pytest.approx(want, rel=1e-12)
     assert want == pytest.approx(0.733, abs=0.005)

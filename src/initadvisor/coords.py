@@ -133,10 +133,7 @@ def _profile(spec, step=lambda: None) -> dict[str, np.ndarray]:
         T = spec.seq_len
         G = cz._grid(T, T if stack.windowed else cz._SINGLE, cz._RATIO)  # cz.propagate_overlaps' grouping (sliding
         # windows: every position its own group) and start state
-        q0, p0 = stack.embeddings.moments()
-        P = np.full((len(G.n), len(G.n)), float(p0))
-        P[G.single, G.single] = 0.0
-        S = cz.State(np.full(T, float(q0)), P)
+        S = cz.input_state(G, *stack.embeddings.moments(), stack.embeddings.repeats())
 
         def run(ops, S):
             return causal_forward(ops, G, S)[0]

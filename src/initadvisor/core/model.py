@@ -145,7 +145,8 @@ def propagate_causal(stack: Stack, keep_overlap: bool = False, backward: bool = 
     T = stack.embeddings.seq_len
     full = stack.windowed or not stack.layers[0].causal  # sliding windows, bidirectional rows: position by position
     return propagate_overlaps(stack.blocks, q0, p0, T, keep_overlap=keep_overlap,
-                              backward=backward and resolves_backward(stack), **({"single": T} if full else {}))
+                              backward=backward and resolves_backward(stack), repeats=stack.embeddings.repeats(),
+                              **({"single": T} if full else {}))
 
 
 BACKWARD_T = 1 << 20  # the position-resolved backward keeps about 30 per-position arrays a block: 250 MB at this T

@@ -153,9 +153,28 @@ def moments_backward(ops, gq, gp, caches):
 def causal_forward(ops, G, S) -> tuple[Any, list]:
     caches = []
     for op in ops:
-        S, c = op.causal(G, S)
+        out, c = op.causal(G, S)
+        if S.R is not None and not isinstance(op, Residual):
+            out = _same_token_pairs(op, G, S, out)
+        S = out
         caches.append(c)
     return S, caches
+
+
+def _same_token_pairs(op, G, S, out):
+    """`out` (op's map of the mean pair) with the pairs of positions holding one token carried beside it: a
+    position-wise operation maps them as any pair, and the mean pair as the mixture of them (share w) and the rest
+    where the map is not affine in the overlap (MLP, MoE: a kernel of the mean pair is not the mean of the pairs'
+    kernels); attention's rows weigh their keys alike whatever token the query holds (uniform rows), so such a
+    pair's outputs overlap as the mean pair's."""
+    if isinstance(op, Attention):
+        return cz.State(out.qf, out.P, out.P, S.w)
+    R = op.causal(G, cz.State(S.qf, S.R))[0].P
+    P = out.P
+    if isinstance(op, (MLP, MoE)):
+        rest = op.causal(G, cz.State(S.qf, (S.P - S.w * S.R) / (1.0 - S.w)))[0].P
+        P = S.w * R + (1.0 - S.w) * rest
+    return cz.State(out.qf, P, R, S.w)
 
 
 def causal_backward(ops, G, S, caches):
@@ -421,8 +440,9 @@ class Residual:
             F, c = causal_forward(ops, G, Sn)
             caches.append(c)
             b2 = float(b) ** 2
-            out = cz.State(s2 * S.qf + b2 * F.qf, s2 * S.P + b2 * F.P) if i == 0 else \
-                cz.State(out.qf + b2 * F.qf, out.P + b2 * F.P)
+            R = None if S.R is None else (s2 * S.R if i == 0 else out.R) + b2 * F.R
+            out = cz.State(s2 * S.qf + b2 * F.qf, s2 * S.P + b2 * F.P, R, S.w) if i == 0 else \
+                cz.State(out.qf + b2 * F.qf, out.P + b2 * F.P, R, S.w)
         return out, (cs, caches)
 
     def causal_backward(self, G, S, cache):
@@ -1556,6 +1576,15 @@ class Embeddings:
         if self.norm:
             q = Norm(self.norm, self.norm_eps).moments(q, 0.0)[0]
         return q / (1 - self.dropout), rho0 * q
+
+    def repeats(self) -> tuple[float, float]:
+        """(w, r): the share of position pairs that hold one token (Zipf ids: sum_i p_i^2) and such a pair's
+        overlap entering block 1 (its token row and a segment row in common); (0, 0) without token ids."""
+        if self.input_correlation is not None or "token" not in self.tables:
+            return 0.0, 0.0
+        q, p = self.moments()
+        w = zipf_repeat_correlation(self.vocab)
+        return w, p * sum(t in ("token", "segment") for t in self.tables) / len(self.tables) / self.rho0
 
     def forward(self, batch: int, rng: np.random.Generator, dt: np.dtype) -> np.ndarray:
         """Stream index 0 (batch, T, d) of the numpy network."""
