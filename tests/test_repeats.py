@@ -185,7 +185,7 @@ def test_same_token_pairs_through_one_mlp_against_sampling():
     mean = w * r + (1 - w) * c
     S = cz.State(np.ones(T), np.full((K, K), mean) * (1 - np.eye(K)), np.full((K, K), r) * (1 - np.eye(K)), w)
     out, _ = mlp.causal(G, S)
-    mixed = _same_token_pairs(mlp, G, S, out)
+    mixed, _ = _same_token_pairs(mlp, G, S)
     rng = np.random.default_rng(3)
     d, n = spec.d_model, 4000
     W = mlp.draws()

@@ -153,28 +153,24 @@ def moments_backward(ops, gq, gp, caches):
 def causal_forward(ops, G, S) -> tuple[Any, list]:
     caches = []
     for op in ops:
-        out, c = op.causal(G, S)
-        if S.R is not None and not isinstance(op, Residual):
-            out = _same_token_pairs(op, G, S, out)
-        S = out
+        S, c = op.causal(G, S) if S.R is None or isinstance(op, Residual) else _same_token_pairs(op, G, S)
         caches.append(c)
     return S, caches
 
 
-def _same_token_pairs(op, G, S, out):
-    """`out` (op's map of the mean pair) with the pairs of positions holding one token carried beside it: a
-    position-wise operation maps them as any pair, and the mean pair as the mixture of them (share w) and the rest
-    where the map is not affine in the overlap (MLP, MoE: a kernel of the mean pair is not the mean of the pairs'
-    kernels); attention's rows weigh their keys alike whatever token the query holds (uniform rows), so such a
-    pair's outputs overlap as the mean pair's."""
-    if isinstance(op, Attention):
-        return cz.State(out.qf, out.P, out.P, S.w)
-    R = op.causal(G, cz.State(S.qf, S.R))[0].P
-    P = out.P
+def _same_token_pairs(op, G, S):
+    """op's map of S with the pairs of positions that hold one token (S.R, a share S.w of all pairs) carried beside
+    the mean pair: a position-wise operation maps them as any pair, and the mean pair as the mixture of them and the
+    rest where the map is not affine in the overlap (MLP, MoE: a kernel of the mean pair is not the mean of the
+    pairs' kernels; their backward then reads the rest's cache, the pairs' bulk); attention's rows weigh their keys
+    alike whatever token the query holds (uniform rows), so such a pair's outputs overlap as the mean pair's."""
     if isinstance(op, (MLP, MoE)):
-        rest = op.causal(G, cz.State(S.qf, (S.P - S.w * S.R) / (1.0 - S.w)))[0].P
-        P = S.w * R + (1.0 - S.w) * rest
-    return cz.State(out.qf, P, R, S.w)
+        rest, c = op.causal(G, cz.State(S.qf, (S.P - S.w * S.R) / (1.0 - S.w)))
+        R = op.causal(G, cz.State(S.qf, S.R))[0].P
+        return cz.State(rest.qf, S.w * R + (1.0 - S.w) * rest.P, R, S.w), c
+    out, c = op.causal(G, S)
+    R = out.P if isinstance(op, Attention) else op.causal(G, cz.State(S.qf, S.R))[0].P
+    return cz.State(out.qf, out.P, R, S.w), c
 
 
 def causal_backward(ops, G, S, caches):
