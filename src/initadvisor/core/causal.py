@@ -51,7 +51,8 @@ the rest (near 0). Every position-wise operation maps R as any pair; MLP and MoE
 w K(R) + (1 - w) K((P - w R) / (1 - w)) (ops._same_token_pairs); attention's rows weigh their keys alike whatever
 token the query holds (the uniform rows' law: their query overlap beyond the mean pair's is left out), so R
 leaves attention as P. Without it the rho of a causal SwiGLU stack with a small value path grew 20-30% too slowly
-(DeepSeek-V3 at T 512: 0.05 all pairs, 0.07 in the late third, now 0.027 and 0.035). The backward takes P.
+(DeepSeek-V3 at T 512: 0.05 all pairs, 0.07 in the late third, now 0.027 and 0.035). The backward reads
+the mean pair, and at MLP and MoE the rest's (the pairs' bulk: they run the rest and R, not P).
 
 Row m's key statistics (qbar_m, pbar_m, hence beta_c, Y2_m, v_m) and the diagonal Sv[m, m] are exact per
 position: the keys of row m are the full groups before its own plus the first i tokens of its group, whose
