@@ -330,3 +330,22 @@ def test_windows_counterfactual_runs_on_the_engine_its_row_ran_on(monkeypatch):
 
     monkeypatch.setattr(diagnose, "causal_trace", refuse)
     assert "IA107" in {f.code for f in diagnose.diagnose(spec, paired)}
+
+
+@pytest.mark.parametrize("window", [{"sliding_window": 64, "window_blocks": []}, {"sliding_window": 200}])
+def test_windows_mask_collapse_skips_a_stack_without_windows(monkeypatch, window):
+    """No layer with a window shorter than the sequence (window_blocks [] or W >= T): IA107's counterfactual would be
+    the spec itself, so it is not run (fuzz seed 113: a 100000-layer check spent a third of its 60 s on it)."""
+    from initadvisor import rules
+    from initadvisor.diagnose import analyse
+    from initadvisor.spec import build_spec
+
+    spec = build_spec({"model": {"layers": 3, "d_model": 32, "heads": 2, "causal": True, **window},
+                       "sequence": {"length": 128}, "thresholds": {"rank_collapse_rho": 0.999}})
+    a = analyse(spec)
+
+    def no_counterfactual(*args, **kwargs):
+        raise AssertionError("the counterfactual stack was built")
+
+    monkeypatch.setattr("initadvisor.stack.from_spec", no_counterfactual)
+    assert rules.windows_mask_collapse(spec, a) == []

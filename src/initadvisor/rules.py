@@ -169,8 +169,9 @@ def windows_mask_collapse(spec, a) -> list[Finding]:
     from initadvisor.stack import from_spec
 
     th = spec.thresholds["rank_collapse_rho"]
-    if not (spec.sliding_window or spec.alibi) or _collapse_at(spec, a) is not None:  # IA101 takes precedence
-        return []
+    windows = spec.sliding_window and spec.sliding_window < spec.seq_len and spec.window_blocks != ()
+    if not (windows or spec.alibi) or _collapse_at(spec, a) is not None:  # IA101 takes precedence; no layer
+        return []  # with a window shorter than the sequence: the counterfactual is the spec itself
     stack = from_spec(spec, window=0, alibi=0.0)
     ct = causal_trace(stack) if spec.causal and a.ct is not None else None
     rho = propagate(stack, backward=False).rho if ct is None else ct.rho_thirds[:, 2]

@@ -106,9 +106,15 @@ def from_spec(spec, per_layer: dict[str, np.ndarray] | None = None, **fields) ->
     if spec.layernorm_scaling:  # block l's branch-input norms times 1 / sqrt(l)
         base = tuple(replace(B, norm_gain=(i + 1) ** -0.5) for i, B in enumerate(base))
     if spec.sliding_window:  # local attention in window_blocks (all when None)
-        local = {id(B): replace(B, window=spec.sliding_window) for B in base}  # repeated layers share one
-        base = tuple(local[id(B)] if spec.window_blocks is None or i + 1 in spec.window_blocks else B
-                     for i, B in enumerate(base))
+        chosen = None if spec.window_blocks is None else set(spec.window_blocks)
+        local: dict[int, BlockParams] = {}  # repeated layers share one, built for the window blocks alone
+
+        def windowed(B: BlockParams) -> BlockParams:
+            if id(B) not in local:
+                local[id(B)] = replace(B, window=spec.sliding_window)
+            return local[id(B)]
+
+        base = tuple(windowed(B) if chosen is None or i + 1 in chosen else B for i, B in enumerate(base))
     if spec.input_correlation is None and "token" in spec.embeddings and spec.causal:  # block 1 reads the tokens
         share = (1.0 - embeddings(spec).dropout) / len(spec.embeddings)
         base = (replace(base[0], repeat_vocab=spec.vocab, repeat_rho=share),) + base[1:]
