@@ -85,6 +85,12 @@ def test_audit_tells_the_build_each_tensor_and_the_check():
     counts_up(calls[1:], total)
 
 
+def test_recommend_tells_the_analysis_the_solvers_and_each_recipe():
+    calls, cb = recorded()
+    rep = api.recommend(SMALL, progress=cb)
+    assert calls == [(i, 9) for i in range(10)] and len(rep.recipes) == 8  # the spec's row, then seven recipes
+
+
 def test_a_silent_progress_changes_nothing():
     """The reports are the same with and without a callback (verify's own wall time aside)."""
     a = json.loads(api.verify(SMALL, seeds=2, progress=lambda *_: None).to_json())
@@ -131,6 +137,7 @@ def small_spec(tmp_path):
     (["verify", "{spec}", "--seeds", "2"], "3/3"),
     (["sweep", "{spec}", "--width", "32,64"], "6/6"),
     (["diagram", "{spec}", "--grid", "8"], "3/3"),
+    (["recommend", "{spec}"], "9/9"),
 ])
 def test_a_watched_terminal_shows_a_bar_on_stderr(monkeypatch, small_spec, args, steps):
     threads = alive()
@@ -152,6 +159,7 @@ def test_audit_on_a_watched_terminal_shows_a_bar(monkeypatch):
 @pytest.mark.parametrize("args, env, delay", [
     (["verify", "{spec}", "--seeds", "2", "--format", "json"], {}, 0.0),  # JSON
     (["sweep", "{spec}", "--width", "32", "--format", "json"], {}, 0.0),
+    (["recommend", "{spec}", "--format", "yaml"], {}, 0.0),
     (["verify", "{spec}", "--seeds", "2"], {"CI": "true"}, 0.0),  # CI
     (["verify", "{spec}", "--seeds", "2"], {"TERM": "dumb"}, 0.0),
     (["verify", "{spec}", "--seeds", "2"], {}, 60.0),  # a run shorter than the delay
@@ -196,6 +204,7 @@ def test_json_on_a_real_terminal_is_json_alone(small_spec):
     lambda bad: api.verify(SMALL, seeds=1, progress=bad),
     lambda bad: api.sweep(SMALL, width=[32], progress=bad),
     lambda bad: api.diagram(SMALL, grid=4, progress=bad),
+    lambda bad: api.recommend(SMALL, progress=bad),
 ])
 def test_a_progress_that_is_not_callable_is_a_usage_error(call):
     from initadvisor import UsageError

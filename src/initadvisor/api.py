@@ -206,9 +206,11 @@ class Recommendation(Report):
 
 
 def recommend(source: Source, *, rho_max: float = 0.99, k: float = 2.0, alpha_mlp: bool = False,
-              seq_len: int | None = None, project: Mapping[str, Any] | None = None) -> Recommendation:
+              seq_len: int | None = None, project: Mapping[str, Any] | None = None,
+              progress: Progress | None = None) -> Recommendation:
     """Solve for beta_c, alpha_c (rho stays below `rho_max`), tau and DeepScaleLM's variances (its k), and
-    compare the init recipes; the patched spec applies the first passing one."""
+    compare the init recipes; the patched spec applies the first passing one. `progress(done, total)`: told after
+    the spec's analysis, the solvers and each recipe's (9 steps)."""
     from initadvisor.recipes import recommend as run
     from initadvisor.spec import build_spec
 
@@ -216,8 +218,9 @@ def recommend(source: Source, *, rho_max: float = 0.99, k: float = 2.0, alpha_ml
         raise UsageError(f"must be in [0, 1], got {rho_max}", "--rho-max")
     if not 1e-6 <= k <= 1e6:
         raise UsageError(f"must be in [1e-6, 1e6], got {k}", "--k")
+    progress = checked(progress)
     spec = load(source, seq_len=seq_len, project=project)
-    data = run(spec, rho_max=rho_max, k=k, alpha_mlp=alpha_mlp)
+    data = run(spec, rho_max=rho_max, k=k, alpha_mlp=alpha_mlp, progress=progress)
     data["notes"] = list(spec.notes)
     recipes = tuple(_record(RecipeResult, {**r, "findings": tuple(r["findings"]), "notes": tuple(r["notes"])})
                     for r in data["recipes"])

@@ -194,8 +194,9 @@ def recommend(a) -> int:
     from initadvisor import api
 
     output_path(a.out, "--out")
-    rep = api.recommend(a.spec, rho_max=a.rho_max, k=a.k, alpha_mlp=a.alpha_mlp, seq_len=a.seq_len,
-                        project=project_config())
+    with bar("recommend", a.format) as progress:
+        rep = api.recommend(a.spec, rho_max=a.rho_max, k=a.k, alpha_mlp=a.alpha_mlp, seq_len=a.seq_len,
+                            project=project_config(), progress=progress)
     where = one_line(str(a.spec))  # a line break in the file name would end the comment
     patched = rep.patched_yaml(f"# initadvisor recommend: {rep.patched_recipe} recipe applied to {where}\n")
     if a.out is not None:

@@ -1,4 +1,4 @@
-"""Progress of the long commands (verify, sweep, audit, diagram).
+"""Progress of the long commands (verify, sweep, audit, diagram, recommend).
 
 The library reports work done through a callback, ``progress(done, total)``: `done` of `total` steps finished
 (the API's ``progress=`` argument; None reports nothing). The CLI passes `bar`'s callback, a rich progress bar

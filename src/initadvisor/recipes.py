@@ -19,6 +19,7 @@ from initadvisor.core.sorting import median, unique
 from initadvisor.diagnose import Analysis, analyse, diagnose, resolved_cells, verdict
 from initadvisor.init_code import render, residual_instructions
 from initadvisor.numbers import clean, overflow_findings, show, status
+from initadvisor.progress import Progress, tell
 from initadvisor.spec import MatrixInit, Residual, Spec, SpecError, build_spec
 from initadvisor.stack import from_spec, input_correlation, spec_beta
 
@@ -252,15 +253,20 @@ def _f(x) -> float:
     return float(f"{float(x):.6g}")
 
 
-def recommend(spec: Spec, rho_max: float = 0.99, k: float = 2.0, alpha_mlp: bool = False) -> dict:
-    """The `initadvisor.recommend/1` report."""
+def recommend(spec: Spec, rho_max: float = 0.99, k: float = 2.0, alpha_mlp: bool = False,
+              progress: Progress | None = None) -> dict:
+    """The `initadvisor.recommend/1` report; `progress(done, total)`: told after the spec's analysis, the solvers
+    and each recipe's analysis."""
     k_caveat = []
     if k >= spec.layers:  # lambda^2 = 1 - k/N must stay positive
         k_caveat = [f"k = {k:g} is not below N = {spec.layers}: DeepScaleLM uses k = N/2 = {spec.layers / 2:g}"]
         k = spec.layers / 2
     given = Recipe("as-given", "the spec unchanged", spec.source or "", spec)
     stack = given.stack()
+    total = 9  # the spec, the solvers (beta, alpha_c), seven recipes
+    tell(progress, 0, total)
     first = analyse(spec, stack)
+    tell(progress, 1, total)
     cells = resolved_cells(stack)
     resolve = cells <= RECIPE_CELLS  # else the recipes' rows on the late-token pair, the patched one confirmed
     pair_note = "" if resolve else (
@@ -271,11 +277,15 @@ def recommend(spec: Spec, rho_max: float = 0.99, k: float = 2.0, alpha_mlp: bool
     qk_std = spec.qk_std_for_beta(beta) if defined and spec.qk_norm == "none" and not spec.latent else None
     a_c, a_how = alpha_c(spec.with_beta(beta) if defined else spec, rho_max)
     a_m, a_m_how = alpha_c(spec, rho_max, "skip_m") if alpha_mlp else (None, "not requested (--alpha-mlp)")
+    tell(progress, 2, total)
     ds, dss = dslm(spec, k), dslm(spec, k, simplified=True)
     recipes = [given, recipe_critical(spec, beta, a_c), recipe_deepscalelm(spec, ds), recipe_deepscalelm(spec, dss),
                recipe_gpt2(spec), recipe_deepnorm(spec), recipe_tfixup(spec),
                recipe_admin(spec, first.trace if admin_spec(spec) == spec else None)]
-    analyses = [first] + [None if r.undefined else analyse(r.spec, r.stack(), resolve) for r in recipes[1:]]
+    analyses = [first]
+    for r in recipes[1:]:
+        analyses.append(None if r.undefined else analyse(r.spec, r.stack(), resolve))
+        tell(progress, len(analyses) + 1, total)
     t = (first if analyses[1] is None else analyses[1]).trace  # an undefined critical recipe: the spec
     taus = G.balancing_tau(t.att_q, t.att_p / t.att_q, spec.seq_len, spec.d_model)
     tau = median(taus)
