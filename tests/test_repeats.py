@@ -203,3 +203,14 @@ def test_same_token_pairs_through_one_mlp_against_sampling():
     measured, se = np.mean(got), np.std(got) / np.sqrt(len(got))
     assert abs(mixed.P[0, 1] - measured) < 4 * se + 0.01 * abs(measured)
     assert abs(out.P[0, 1] - measured) > 8 * se  # the mean pair's kernel alone is off
+
+
+def test_a_vocabulary_of_one_token_stays_collapsed():
+    """Vocabulary 1: every pair holds one token (w = 1), so the mean pair is the same-token pairs' and the input
+    stays fully correlated through the stack (the channel's rest, (P - w R) / (1 - w), has no pairs: it divided by
+    zero and reported rho 0 from block 1)."""
+    spec = build_spec({"model": {"layers": 3, "d_model": 32, "heads": 2, "causal": True, "activation": "swiglu"},
+                       "sequence": {"length": 32, "vocab": 1, "embeddings": ["token"]}})
+    with np.errstate(all="raise"):
+        rho = run_causal(spec).rho_mean
+    assert np.allclose(rho, 1.0, atol=1e-9)

@@ -442,7 +442,8 @@ def _summary(G: _Grid, S: State) -> tuple[float, np.ndarray, np.ndarray]:
 
 def input_state(G: _Grid, q0: float, p0: float, repeats: tuple[float, float] = (0.0, 0.0)) -> State:
     """The simplex input C = p0 11^T + (q0 - p0) I on the grid; repeats = (w, r0): the share of pairs that hold
-    one token and their overlap (Embeddings.repeats), carried as R where w > 0."""
+    one token and their overlap (Embeddings.repeats), carried as R where 0 < w < 1 (w = 1, a vocabulary of one:
+    every pair is such a pair, P is R)."""
     K = len(G.n)
 
     def overlaps(x: float) -> np.ndarray:
@@ -451,7 +452,7 @@ def input_state(G: _Grid, q0: float, p0: float, repeats: tuple[float, float] = (
         return M
 
     w, r0 = repeats
-    return State(np.full(G.T, float(q0)), overlaps(p0), overlaps(r0) if w > 0 else None, float(w))
+    return State(np.full(G.T, float(q0)), overlaps(p0), overlaps(r0) if 0 < w < 1 else None, float(w))
 
 
 def propagate_overlaps(blocks: Sequence[tuple], q0: float, p0: float, T: int, keep_overlap: bool = False,
