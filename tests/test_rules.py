@@ -349,3 +349,25 @@ def test_windows_mask_collapse_skips_a_stack_without_windows(monkeypatch, window
 
     monkeypatch.setattr("initadvisor.stack.from_spec", no_counterfactual)
     assert rules.windows_mask_collapse(spec, a) == []
+
+
+@pytest.mark.parametrize("toml, expected", [
+    ('[tool."initadvisor"]\nselect = ["IA2"]\n', ["IA201"]),  # quoted key
+    ("[tool]\ninitadvisor = {select = ['IA2']}\n", ["IA201"]),  # inline table
+    ('tool.initadvisor.select = ["IA2"]\n', ["IA201"]),  # dotted key at the top level
+    ("[tool.other]\nx = = 1\n", MANY_CODES),  # not our table: not parsed, so its syntax is not ours to refuse
+])
+def test_pyproject_forms_of_our_table(tmp_path, monkeypatch, toml, expected):
+    """Every TOML spelling of [tool.initadvisor] is read; a pyproject without one is left alone."""
+    (tmp_path / "pyproject.toml").write_text(toml)
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(MANY))
+    assert cli(tmp_path, monkeypatch)[0] == expected
+
+
+def test_malformed_pyproject_with_our_table_is_refused(tmp_path, monkeypatch, capsys):
+    (tmp_path / "pyproject.toml").write_text("[tool.initadvisor]\nselect = [\n")
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(MANY))
+    monkeypatch.chdir(tmp_path)
+    assert invoke(["check", "spec.yaml"]).exit_code == 2
+    err = capsys.readouterr().err
+    assert "pyproject.toml" in err and "malformed TOML" in err

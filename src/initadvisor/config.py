@@ -3,6 +3,7 @@ thresholds). Precedence: built-in defaults < pyproject.toml < the spec file < th
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from initadvisor.spec import THRESHOLD_RANGE, THRESHOLDS, SpecError, check_codes
 
 KEYS = ("select", "ignore", "fail-on", "thresholds")
 MAX_BYTES = 1 << 20  # a pyproject.toml is a few kB
+OUR_KEY = re.compile(r"""initadvisor["']?\s*[.=\]]""")  # a key `initadvisor` (bare or quoted) before . = or ]
 
 
 def find_pyproject(start: Path) -> Path | None:
@@ -33,13 +35,15 @@ def load_project(start: Path | None = None) -> dict[str, Any]:
     f = find_pyproject((start or Path.cwd()).resolve())
     if f is None:
         return {}
+    from initadvisor.files import read_bounded
+
+    text = read_bounded(f, MAX_BYTES, "pyproject.toml").decode("utf-8", errors="replace")
+    if not OUR_KEY.search(text):  # no table of ours: not parsed (tomllib is 4 ms of `check`'s start-up)
+        return {}
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover
         import tomli as tomllib
-    from initadvisor.files import read_bounded
-
-    text = read_bounded(f, MAX_BYTES, "pyproject.toml").decode("utf-8", errors="replace")
     try:
         tool = tomllib.loads(text).get("tool", {})
     except tomllib.TOMLDecodeError as e:
