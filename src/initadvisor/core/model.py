@@ -27,7 +27,7 @@ class Stack:
     @cached_property
     def blocks(self) -> list[tuple]:
         """Each layer's operations (`ops.block`), built once; a layer repeated by identity shares them."""
-        return _once(self.layers, block)
+        return once(self.layers, block)
 
     @cached_property
     def windowed(self) -> bool:
@@ -40,10 +40,10 @@ class Stack:
         """The same stack with BlockParams fields replaced at every layer (numpy arrays allowed: a grid)."""
         if not fields:
             return self
-        return Stack(self.embeddings, tuple(_once(self.layers, lambda P: replace(P, **fields))))
+        return Stack(self.embeddings, tuple(once(self.layers, lambda P: replace(P, **fields))))
 
 
-def _once(layers, f) -> list:
+def once(layers, f) -> list:
     """[f(P) for P in layers], computed once per distinct (by identity) P: a repeated layer shares the result."""
     done: dict[int, object] = {}
     out = []

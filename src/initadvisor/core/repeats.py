@@ -12,6 +12,10 @@ mass). Exact at Poisson token counts (n_j ~ Poisson(m p_j), independent) with 1/
     Phi_j(t) = E_z e^(m p_j (phi - 1)),  Pi(t) = prod_j Phi_j(t),
 
 Gauss-Hermite over z and eps, the vocabulary's tail in logarithmic bins of j (exact to first order in m p_j).
+
+Two rows with independent scores (different queries) weigh a key by its token's mean copy weight E[A_s] (the same
+integral's first moment, `copy_weights`): a frequent token's copies share a score and its class's mass is concave in
+it, so each copy gets less than 1/m, and two rows overlap on a token's copies less than the uniform law says.
 """
 
 from __future__ import annotations
@@ -48,34 +52,68 @@ def _zipf_bins(vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return count, s1 / total, s2 / total**2
 
 
-def repeat_mass(vocab: int, m, sigma: float, c: float) -> np.ndarray:
-    """R(m) of the module docstring for each row length m (array; 0 for m < 2); sigma at most SIGMA_MAX."""
-    m = np.atleast_1d(np.asarray(m, dtype=float))
+def _rows(vocab: int, m, sigma: float, c: float):
+    """The quadrature's pieces for rows of lengths m (array, each >= 2), vectorised over m: (Pi(t) du over the ln t
+    grid (m, u), t psi (m, u, z), e^(m p_j (phi - 1)) / Phi_j (m, u, z, bin), the z weights, and the Zipf bins'
+    count, sum p, sum p^2)."""
     sigma = min(float(sigma), SIGMA_MAX)
     count, ps, ps2 = _zipf_bins(int(vocab))
     x, w = gauss_hermite(_NODES)
     xz, wz = (x, w) if c > 0 else (np.zeros(1), np.ones(1))  # independent scores: nothing shared to integrate
     b, e = sigma * math.sqrt(c), sigma * math.sqrt(1.0 - c)
-    out = np.zeros(m.shape)
-    for k, mk in enumerate(m):
-        if mk < 2:
-            continue
-        lo = -math.log(mk) - 0.5 * sigma * sigma - 6.0 * sigma - 12.0
-        hi = -math.log(mk) + 6.0 * sigma + 6.0
-        u = np.arange(lo, hi, _DU)
-        y = u[:, None, None] + b * xz[None, :, None] + e * x[None, None, :]  # ln(t e^a): (u, z, eps)
-        X = np.exp(np.minimum(y, 700.0))
-        phi = np.exp(-X) @ w  # (u, z)
-        tpsi = (X * np.exp(-X)) @ w
-        lam = mk * ps / count  # a bin's mean m p_j
-        log_f = lam[None, None, :] * (phi[:, :, None] - 1.0)  # ln e^(m p_j (phi - 1)): (u, z, bin)
-        top = log_f.max(axis=1)
-        log_phi = np.log(np.einsum("z,uzk->uk", wz, np.exp(log_f - top[:, None, :]))) + top  # ln Phi_j, (u, bin)
-        S = np.einsum("z,uz,uzk->uk", wz, tpsi**2, np.exp(log_f - log_phi[:, None, :])) @ (mk * mk * ps2)
-        out[k] = float(np.sum(np.exp(log_phi @ count) * S) * _DU)
-    return out
+    lo = -np.log(m) - 0.5 * sigma * sigma - 6.0 * sigma - 12.0  # ln t: every row's own window, one length
+    u = lo[:, None] + _DU * np.arange(math.ceil((12.0 * sigma + 18.0 + 0.5 * sigma * sigma) / _DU))
+    X = np.exp(np.minimum(u[:, :, None, None] + b * xz[:, None] + e * x, 700.0))  # t e^a: (m, u, z, eps)
+    phi = np.exp(-X) @ w  # (m, u, z)
+    tpsi = (X * np.exp(-X)) @ w
+    lam = m[:, None] * ps / count  # a bin's mean m p_j: (m, bin)
+    log_f = lam[:, None, None, :] * (phi[..., None] - 1.0)  # ln e^(m p_j (phi - 1)): (m, u, z, bin)
+    top = log_f.max(axis=2)
+    log_phi = np.log(np.einsum("z,muzk->muk", wz, np.exp(log_f - top[:, :, None, :]))) + top  # ln Phi_j
+    return np.exp(log_phi @ count) * _DU, tpsi, np.exp(log_f - log_phi[:, :, None, :]), wz, (count, ps, ps2)
+
+
+def repeat_mass(vocab: int, m, sigma: float, c: float) -> np.ndarray:
+    """R(m) of the module docstring for each row length m (array; 0 for m < 2); sigma at most SIGMA_MAX."""
+    return _mass(vocab, np.atleast_1d(np.asarray(m, dtype=float)), sigma, c)[0]
+
+
+def copy_weights(vocab: int, m, sigma: float, c: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(f, sum p, sum p^2): f[row, bin] = m E[A_s] for a key s holding a token of the bin (1 under uniform rows),
+    per row length m (array; 1 for m < 2), with its bins' sum p and sum p^2. A token's copies share its score, so
+    a frequent token's class weighs less than its count (its mass n X / (n X + rest) is concave in its score
+    X): f < 1 for the Zipf head, > 1 for rare tokens. E[A_s] = int dln t Pi(t) E_z[t psi e^(m p_j (phi - 1))] /
+    Phi_j(t), normalised so that sum_j p_j f_j = 1 (a row's weights sum to 1; the Poisson counts' empty rows
+    otherwise take e^(-m) of it)."""
+    _, f = _mass(vocab, np.atleast_1d(np.asarray(m, dtype=float)), sigma, c)
+    _, ps, ps2 = _zipf_bins(int(vocab))
+    return f, ps, ps2
+
+
+def _mass(vocab: int, m: np.ndarray, sigma: float, c: float) -> tuple[np.ndarray, np.ndarray]:
+    """(R(m), f(m)) of repeat_mass and copy_weights from one quadrature."""
+    count, ps, ps2 = _zipf_bins(int(vocab))
+    R, f = np.zeros(m.shape), np.ones((m.size, count.size))
+    two = m >= 2
+    if two.any():
+        pi, tpsi, E, wz, _ = _rows(vocab, m[two], sigma, c)
+        R[two] = np.sum(pi * (np.einsum("z,muz,muzk->muk", wz, tpsi**2, E) @ ps2), axis=1) * m[two] ** 2
+        g = np.einsum("mu,z,muz,muzk->mk", pi, wz, tpsi, E)
+        f[two] = g / (g @ ps)[:, None]
+    return R, f
 
 
 def repeat_excess(vocab: int, m, sigma: float, c: float) -> np.ndarray:
     """R(m) at the same-token correlation c minus the mean-field law's (c = 0): the same-token pairs' extra mass."""
     return repeat_mass(vocab, m, sigma, c) - repeat_mass(vocab, m, sigma, 0.0)
+
+
+@lru_cache(maxsize=64)
+def token_rows(vocab: int, lengths: tuple, sigma: float, c: float) -> tuple[np.ndarray, ...]:
+    """(repeat_excess, copy_weights' f, sum p, sum p^2) at row lengths `lengths` from one quadrature (and the c = 0
+    one's mass), cached: a layer's own rows and its two rows' overlap ask for the same."""
+    m = np.array(lengths, dtype=float)
+    R, f = _mass(vocab, m, sigma, c)
+    ex = R - _mass(vocab, m, sigma, 0.0)[0]
+    ex.flags.writeable = f.flags.writeable = False
+    return (ex, f, *_zipf_bins(int(vocab))[1:])
