@@ -224,6 +224,18 @@ def test_repeat_mass_is_a_mass(vocab, m, sigma, c):
         assert got == 0.0
 
 
+@settings(derandomize=True, database=None, max_examples=60, deadline=None)
+@given(vocab=st.integers(1, 10**9), m=st.floats(1.0, 1e7), sigma=st.floats(0.0, 1e6), c=st.floats(0.0, 1.0))
+def test_copy_weights_are_weights(vocab, m, sigma, c):
+    """Over the whole range a spec can reach: finite, non-negative copy weights whose p-weighted mean is 1 (a row's
+    weights sum to 1), all 1 for a row of one key."""
+    f, ps, ps2 = copy_weights(vocab, [m], sigma, c)
+    assert np.all(np.isfinite(f)) and np.all(f >= 0) and np.all(ps2 <= ps)
+    assert np.dot(ps, f[0]) == pytest.approx(1.0, rel=1e-9)
+    if m < 2:
+        assert np.all(f == 1.0)
+
+
 # ------------------------------------------------------------------------------------------------
 # The same-token pairs carried beside the mean pair (ops._same_token_pairs) through the position-resolved engine
 
