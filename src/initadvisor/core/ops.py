@@ -945,6 +945,12 @@ class Attention:
         diag = np.diag(out) + (y2 - 1.0 / w) * gap_v - (np.diag(yp) - 1.0 / w) * gap_v \
             + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
         diag += self._repeats(bc, lnT, w, qbar, kbar)
+        R = None
+        if S.R is not None:  # two rows whose queries hold one token, as causal()'s
+            rho_r = (S.R + qb) / np.sqrt(np.multiply.outer(qq, qq))
+            yp_r = np.minimum(np.exp(rho_r * np.multiply.outer(sv, sv)) * shared, np.multiply.outer(sy, sy))
+            R = out + (yp_r - yp) * gap_mn
+            R[np.diag_indices(T)] = 0.0
         cw = None if P.centered else self._copy_weights(bc, lnT, w, qbar, kbar, P.repeat_rho, w)
         if cw is not None:
             f, ps, ps2 = cw
@@ -952,6 +958,8 @@ class Attention:
                           + P.repeat_rho * np.sqrt(np.multiply.outer(qbar, qbar)) * ((f * ps2) @ f.T - ps2.sum()))
         out[np.diag_indices(T)] = 0.0
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
+        if R is not None:
+            O = cz.State(O.qf, O.P, linear(diag, R, float(P.g_o), float(P.b_o2))[1], S.w)
         qk = (lnT, w, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0), ys)
         return O, cz.AttentionRows(y2, bc, O.qf, qk, overlap=yp / np.multiply.outer(sy, sy), keys=(lo, hi, w),
                                    shared=(yp - shared, shared * np.multiply.outer(w, w)))
