@@ -196,7 +196,9 @@ def test_block1_attention_under_qk_norm_against_the_numpy_network(monkeypatch):
     """Qwen3's block 1 (QK-norm: scores of std 1, rotary, Zipf tokens over 5000): over all pairs the engine is within
     0.01 of the numpy network (measured 0.003; the uniform weights 1 / m put it 0.017 high: a frequent token's copies
     share a score, so two rows weigh it below its count, repeats.copy_weights), and the pairs whose queries hold one
-    token overlap as their rows' weights do (within 0.03; measured 0.57 against 0.56; the mean pair's 0.33 before)."""
+    token overlap as their rows' weights do (within 0.03; measured 0.557 against 0.570; the mean pair's 0.33 before):
+    their shared keys at their queries' correlation turned by their distance, the two query positions as keys of their
+    own rows, and a token's copies scored alike."""
     spec = build_spec(QK_NORMED)
     (rho, same), (rho_mc, same_mc), se = _block1_attention(spec, seeds=96)
     assert abs(rho - rho_mc) <= 0.01 + 2 * se, (rho, rho_mc, se)
@@ -205,8 +207,8 @@ def test_block1_attention_under_qk_norm_against_the_numpy_network(monkeypatch):
     from initadvisor.core.repeats import token_rows
 
     def uniform_weights(*law):  # every copy weighs 1 / m: the uniform law of two rows
-        ex, f, ps, ps2 = token_rows(*law)
-        return ex, np.ones_like(f), ps, ps2
+        ex, f, fz, wz, ps, ps2 = token_rows(*law)
+        return ex, np.ones_like(f), np.ones_like(fz), wz, ps, ps2
 
     monkeypatch.setattr(ops, "token_rows", uniform_weights)
     (uniform, _), _, _ = _block1_attention(spec, seeds=1)
@@ -222,6 +224,48 @@ def test_repeat_mass_is_a_mass(vocab, m, sigma, c):
     assert np.isfinite(got) and -1e-9 <= got <= 1 + 1e-9, got
     if m < 2:
         assert got == 0.0
+
+
+WINDOWED = {"model": {"layers": 1, "d_model": 256, "heads": 4, "kv_heads": 2, "norm": "pre", "norm_type": "rmsnorm",
+                      "activation": "swiglu", "causal": True, "d_ff": 688, "rope_theta": 10000.0, "sliding_window": 16},
+            "sequence": {"length": 128, "vocab": 5000, "embeddings": ["token"]}, "init": {"std": 0.04}}
+
+
+def test_windowed_same_token_pairs_against_the_numpy_network(monkeypatch):
+    """Mistral's window of 16 (init std 0.04): two rows whose queries hold one token overlap far more than the mean
+    pair even where their windows share no key, because the two query positions hold that token and are keys of
+    their own rows, and each meets the other row's keys at the token's probability p_t (size-biased to the Zipf
+    head), not at sum p^2 (Attention._own_keys). Over the pairs 16 and more apart: within 0.07 of the numpy network
+    (measured 0.32 against 0.37), where the mean pair's 0.18 is 0.19 off."""
+    from initadvisor.core import causal as cz
+    from initadvisor.core.ops import _same_token_pairs
+    from initadvisor.simulate import init_block, make_input
+    from initadvisor.stack import from_spec
+
+    spec = build_spec(WINDOWED)
+    stack = from_spec(spec)
+    block, T = stack.blocks[0], spec.seq_len
+    first = block[0].branches[0][1][:2]
+    far = np.abs(np.subtract.outer(np.arange(T), np.arange(T))) >= 16
+    rng = np.random.default_rng(11)
+    num = den = q = 0.0
+    for _ in range(16):
+        h = make_input(stack, 4, rng)
+        same = (np.abs(h[:, :, None] - h[:, None]).max(-1) == 0) & far
+        W = init_block(block, rng)
+        y = h
+        for op in first:
+            y = op.forward(y, W, rng)[0]
+        gram = np.einsum("btd,bsd->bts", y, y) / y.shape[-1]
+        num, den, q = num + (gram * same).sum(), den + same.sum(), q + np.einsum("btt->", gram) / (4 * T)
+    measured = num / den / (q / 16)
+    G = cz._grid(T, T, cz._RATIO)
+    S = cz.input_state(G, *stack.embeddings.moments(), stack.embeddings.repeats())
+    for op in first:
+        S = _same_token_pairs(op, G, S)[0]
+    R, P = S.R[far].mean() / S.qf.mean(), S.P[far].mean() / S.qf.mean()
+    assert abs(R - measured) <= 0.07, (R, measured)
+    assert measured - P >= 0.15  # the test can see the term
 
 
 @settings(derandomize=True, database=None, max_examples=60, deadline=None)

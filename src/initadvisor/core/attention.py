@@ -82,6 +82,17 @@ def rope_kappa(m, d_head: int, theta: float, fraction: float):
 
 
 @lru_cache(maxsize=32)
+def rope_distances(T: int, d_head: int, theta: float, fraction: float) -> np.ndarray:
+    """The rotary embedding's coherence of two queries delta = 0..T-1 positions apart: the mean over a head's
+    coordinates of cos(delta w_i), 1 on coordinates left unturned (read-only, cached per T)."""
+    r = rope_dims(d_head, fraction)
+    w = theta ** (-np.arange(0, r, 2, dtype=float) / r)
+    out = (np.cos(np.outer(np.arange(T, dtype=float), w)).sum(1) * 2 + (d_head - r)) / d_head
+    out.flags.writeable = False
+    return out
+
+
+@lru_cache(maxsize=32)
 def rope_rows(T: int, d_head: int, theta: float, fraction: float) -> np.ndarray:
     """rope_coherence of causal rows m = 1..T (row m's keys 1..m): exact up to m = 64 and on a geometric grid of
     1024 rows beyond, linear in log m between (kappa is smooth in log m)."""

@@ -31,7 +31,7 @@ from initadvisor.core import causal as cz
 from initadvisor.core import distances as dz
 from initadvisor.core import gradients as G
 from initadvisor.core import kernels, routing
-from initadvisor.core.repeats import SIGMA_MAX, token_rows
+from initadvisor.core.repeats import SIGMA_MAX, at_lengths, query_token_share, token_rows
 from initadvisor.core.softmax_rows import expected_y
 from initadvisor.core.sorting import median, unique
 
@@ -706,18 +706,23 @@ class Attention:
             diag += g_v * tot / (m * m) + b_v2
         e = P.repeat_rho if S.R is None else cz.pair_mean(G, (S.R - S.P) / (1.0 - S.w)) / float(np.mean(S.qf))
         diag += self._repeats(bc, lnT, m, qbar, kbar, e)  # e: the token's share of q (the same-token pairs' excess)
-        R = None
-        if S.R is not None:  # two rows whose queries hold one token: their rows' weights move together
-            rho_r = (S.R + qb) / np.sqrt(np.multiply.outer(qqg, qqg))
+        R, gm, qg = None, cz.gmean(G, m), cz.gmean(G, qbar)  # each group at its mean row length
+        if S.R is not None:  # two rows whose queries hold one token: their scores move together, as far as the
+            turn = self._turn(np.subtract.outer(gm, gm), G.T)  # rotary embedding lets them (their distance)
+            rho_r = (S.R + qb) / np.sqrt(np.multiply.outer(qqg, qqg)) * turn
             yp_r = np.minimum(np.exp(rho_r * np.multiply.outer(sv, sv)) * amax, np.multiply.outer(sy, sy))
-            R = out + (yp_r - yp) * gv[G.lo]
+            R = out + (yp_r - yp) * gv[G.lo] + g_v * self._own_keys(e, qg, np.minimum.outer(gm, gm),
+                                                                       np.maximum.outer(gm, gm), 1.0)
+        two = None if P.centered else self._two_rows(bc, lnT, m, qbar, kbar, e, gm)
+        if two is not None:
+            a, b, x = two
+            qq2 = np.sqrt(np.multiply.outer(qg, qg))
+            extra = g_v * (np.minimum.outer(qg, qg) * a * amax + e * qq2 * b)
+            out += extra
+            if R is not None:
+                R += extra + g_v * e * qq2 * np.clip(rho_r, 0.0, 1.0) * x
+        if R is not None:
             R[G.single, G.single] = 0.0
-        cw = None if P.centered else self._copy_weights(bc, lnT, m, qbar, kbar, e, cz.gmean(G, m))  # groups' mean m
-        if cw is not None:
-            fg, ps, ps2 = cw
-            qg = cz.gmean(G, qbar)
-            out += g_v * (np.minimum.outer(qg, qg) * ((fg * ps) @ fg.T - 1.0) * amax
-                          + e * np.sqrt(np.multiply.outer(qg, qg)) * ((fg * ps2) @ fg.T - ps2.sum()))
         out[G.single, G.single] = 0.0
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
         if R is not None:
@@ -755,23 +760,48 @@ class Attention:
         law = self._repeat_law(bc, lnT, m, qbar, kbar, e)
         if law is None:
             return 0.0
-        (ex, _, _, _), lengths = law
+        (ex, *_), lengths = law
         mass = np.where(m >= 2, np.interp(np.log(np.maximum(m, 1.0)), np.log(lengths), ex), 0.0)
         return float(self.P.g_v) * e * qbar * mass
 
-    def _copy_weights(self, bc, lnT, m, qbar, kbar, e, rows):
-        """Two rows of independent scores weigh a key by its token's copy weight f / m (repeats.copy_weights), not
-        1 / m: (f at the row lengths `rows` (rows x Zipf bins), the bins' sum p and sum p^2), or None without
-        repeats. Their shared keys then give qbar (sum_j p_j f_j f'_j - 1) / max(m, n) and their same-token key pairs
-        e qbar (sum_j p_j^2 f_j f'_j - sum_j p_j^2) beyond the uniform part (without it block 1's overlap under
+    def _two_rows(self, bc, lnT, m, qbar, kbar, e, rows):
+        """What token repeats change in two rows' overlap, per pair of the row lengths `rows` (None without repeats):
+        (a, b, x). Two rows of independent scores weigh a key by its token's copy weight f / m (repeats.copy_weights),
+        not 1 / m, so their shared keys give qbar a / max(m, n), a = sum_j p_j f_j f'_j - 1, and their same-token key
+        pairs e qbar b, b = sum_j p_j^2 (f_j f'_j - 1), beyond the uniform part (without it block 1's overlap under
         QK-norm's scores was 5% high: rho 0.34 against the numpy network's 0.325; Qwen3-MoE's block 2 0.05 above the
-        real model's)."""
+        real model's). Two rows whose queries hold one token score a token's copies alike, shared or not: x =
+        sum_j p_j^2 (E_z[f_j(z) f'_j(z)] - f_j f'_j) more, at their queries' correlation."""
         law = self._repeat_law(bc, lnT, m, qbar, kbar, e)
         if law is None:
             return None
-        (_, f, ps, ps2), lengths = law
-        ln_m = np.log(np.atleast_1d(rows))
-        return np.column_stack([np.interp(ln_m, np.log(lengths), f[:, k], left=1.0) for k in range(len(ps))]), ps, ps2
+        (_, f, fz, wz, ps, ps2), lengths = law
+        fg, fzg = at_lengths(rows, lengths, f), at_lengths(rows, lengths, fz)
+        a = (fg * ps) @ fg.T - 1.0
+        same = (fg * ps2) @ fg.T
+        A = (fzg * np.sqrt(wz)[:, None] * np.sqrt(ps2)).reshape(len(fzg), -1)
+        return a, same - ps2.sum(), A @ A.T - same
+
+    def _turn(self, delta, T: int):
+        """The rotary embedding's coherence of two queries |delta| < T positions apart (attention.rope_distances; 1
+        without a rotary embedding), linear between whole distances."""
+        P = self.P
+        if not P.rope_theta:
+            return 1.0
+        table = att.rope_distances(int(T), P.d_head, float(P.rope_theta), float(P.rope_fraction))
+        return np.interp(np.abs(delta), np.arange(len(table)), table)
+
+    def _own_keys(self, e, qbar, m, n, inside):
+        """Two rows whose queries hold one token t have it at their own positions, keys of theirs (the earlier one of
+        the later row's too, where `inside`): beyond the mean pair's uniform part, that key pair overlaps e qbar
+        (1 - w) more, and each of those keys with the other row's keys e qbar (p_t - w) more, p_t the queries' token's
+        probability (repeats.query_token_share), w = sum p^2; rows of m <= n keys, m n key pairs."""
+        P = self.P
+        if not P.repeat_vocab or not e:
+            return 0.0
+        w, pt = zipf_repeat_correlation(int(P.repeat_vocab)), query_token_share(int(P.repeat_vocab))
+        X = (1.0 - w) + (pt - w) * ((n - 1.0 - inside) + (m - 1.0) * (1.0 + inside))
+        return e * np.sqrt(np.multiply.outer(qbar, qbar)) * X / (m * n)
 
     def _qk_rows(self, bc, lnT, m, qq, spread_k, common_q, spread_v, ys=None):
         """The query/key path's gains per causal row t (t keys), as _qk_gain's (query half a, key half a_key, and the
@@ -947,15 +977,23 @@ class Attention:
         diag += self._repeats(bc, lnT, w, qbar, kbar)
         R = None
         if S.R is not None:  # two rows whose queries hold one token, as causal()'s
-            rho_r = (S.R + qb) / np.sqrt(np.multiply.outer(qq, qq))
+            delta = np.subtract.outer(t, t)
+            rho_r = (S.R + qb) / np.sqrt(np.multiply.outer(qq, qq)) * self._turn(delta, T)
             yp_r = np.minimum(np.exp(rho_r * np.multiply.outer(sv, sv)) * shared, np.multiply.outer(sy, sy))
-            R = out + (yp_r - yp) * gap_mn
+            lo_w, hi_w = np.minimum.outer(w, w), np.maximum.outer(w, w)
+            e_w = float(np.mean((S.R - S.P)[~np.eye(T, dtype=bool)]) / (1.0 - S.w) / np.mean(S.qf))
+            R = out + (yp_r - yp) * gap_mn + g_v * self._own_keys(e_w, qbar, lo_w, hi_w,
+                                                                  (np.abs(delta) < hi_w).astype(float))
+        two = None if P.centered else self._two_rows(bc, lnT, w, qbar, kbar, P.repeat_rho, w)
+        if two is not None:
+            a, b, x = two
+            qq2 = np.sqrt(np.multiply.outer(qbar, qbar))
+            extra = g_v * (np.minimum.outer(qbar, qbar) * a * shared + P.repeat_rho * qq2 * b)
+            out += extra
+            if R is not None:
+                R += extra + g_v * P.repeat_rho * qq2 * np.clip(rho_r, 0.0, 1.0) * x
+        if R is not None:
             R[np.diag_indices(T)] = 0.0
-        cw = None if P.centered else self._copy_weights(bc, lnT, w, qbar, kbar, P.repeat_rho, w)
-        if cw is not None:
-            f, ps, ps2 = cw
-            out += g_v * (np.minimum.outer(qbar, qbar) * ((f * ps) @ f.T - 1.0) * shared
-                          + P.repeat_rho * np.sqrt(np.multiply.outer(qbar, qbar)) * ((f * ps2) @ f.T - ps2.sum()))
         out[np.diag_indices(T)] = 0.0
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
         if R is not None:
@@ -1009,12 +1047,11 @@ class Attention:
             shared = np.full(T - 1, 1.0 / T)
         yp = np.minimum(np.exp((c + qb) / qq * v[-1]) * shared, y2[-1])
         out = (yp - shared) * gap[-1] + g_v * tot[1:] / float(n * n) + b_v2
-        cw = None if P.centered else self._copy_weights(bc[at], lnT, w.astype(float), np.full(T, q), kbar[at],
-                                                         P.repeat_rho, n)  # the late rows' (n keys)
-        if cw is not None:
-            f, ps, ps2 = cw
-            out += g_v * (q * (np.dot(ps, f[0] ** 2) - 1.0) * shared + P.repeat_rho * q * (np.dot(ps2, f[0] ** 2)
-                                                                                           - ps2.sum()))
+        two = None if P.centered else self._two_rows(bc[at], lnT, w.astype(float), np.full(T, q), kbar[at],
+                                                     P.repeat_rho, n)  # the late rows' (n keys)
+        if two is not None:
+            a, b, _ = (float(y[0, 0]) for y in two)
+            out += g_v * (q * a * shared + P.repeat_rho * q * b)
         qo, po = linear(float(var[np.argmax(w)]), out, float(P.g_o), float(P.b_o2))
         qk = (lnT, float(n), qq, q - kbar[-1], kbar[-1] + qb, g_v * max(q - pbar[-1], 0.0), tuple(y[-1] for y in ys))
         return qo, po, dz.LateRows(y2[at], bc[at], linear(var, 0.0, float(P.g_o), float(P.b_o2))[0], n, n < T,

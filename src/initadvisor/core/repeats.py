@@ -85,22 +85,25 @@ def copy_weights(vocab: int, m, sigma: float, c: float) -> tuple[np.ndarray, np.
     X): f < 1 for the Zipf head, > 1 for rare tokens. E[A_s] = int dln t Pi(t) E_z[t psi e^(m p_j (phi - 1))] /
     Phi_j(t), normalised so that sum_j p_j f_j = 1 (a row's weights sum to 1; the Poisson counts' empty rows
     otherwise take e^(-m) of it)."""
-    _, f = _mass(vocab, np.atleast_1d(np.asarray(m, dtype=float)), sigma, c)
+    f = _mass(vocab, np.atleast_1d(np.asarray(m, dtype=float)), sigma, c)[1]
     _, ps, ps2 = _zipf_bins(int(vocab))
     return f, ps, ps2
 
 
-def _mass(vocab: int, m: np.ndarray, sigma: float, c: float) -> tuple[np.ndarray, np.ndarray]:
-    """(R(m), f(m)) of repeat_mass and copy_weights from one quadrature."""
+def _mass(vocab: int, m: np.ndarray, sigma: float, c: float) -> tuple[np.ndarray, ...]:
+    """(R(m), f(m), f per shared-score node (m, z, bin), the z weights) of repeat_mass and copy_weights from one
+    quadrature: f is the z-nodes' weighted mean of the per-node copy weights."""
     count, ps, ps2 = _zipf_bins(int(vocab))
-    R, f = np.zeros(m.shape), np.ones((m.size, count.size))
+    nz = _NODES if c > 0 else 1
+    R, fz = np.zeros(m.shape), np.ones((m.size, nz, count.size))
+    wz = gauss_hermite(_NODES)[1] if c > 0 else np.ones(1)
     two = m >= 2
     if two.any():
         pi, tpsi, E, wz, _ = _rows(vocab, m[two], sigma, c)
         R[two] = np.sum(pi * (np.einsum("z,muz,muzk->muk", wz, tpsi**2, E) @ ps2), axis=1) * m[two] ** 2
-        g = np.einsum("mu,z,muz,muzk->mk", pi, wz, tpsi, E)
-        f[two] = g / (g @ ps)[:, None]
-    return R, f
+        g = np.einsum("mu,muz,muzk->mzk", pi, tpsi, E)
+        fz[two] = g / ((wz @ g) @ ps)[:, None, None]
+    return R, wz @ fz, fz, wz
 
 
 def repeat_excess(vocab: int, m, sigma: float, c: float) -> np.ndarray:
@@ -110,10 +113,34 @@ def repeat_excess(vocab: int, m, sigma: float, c: float) -> np.ndarray:
 
 @lru_cache(maxsize=64)
 def token_rows(vocab: int, lengths: tuple, sigma: float, c: float) -> tuple[np.ndarray, ...]:
-    """(repeat_excess, copy_weights' f, sum p, sum p^2) at row lengths `lengths` from one quadrature (and the c = 0
-    one's mass), cached: a layer's own rows and its two rows' overlap ask for the same."""
+    """(repeat_excess, copy_weights' f, f per shared-score node, its weights, sum p, sum p^2) at row lengths
+    `lengths` from one quadrature (and the c = 0 one's mass), cached: a layer's own rows and its two rows' overlap
+    ask for the same."""
     m = np.array(lengths, dtype=float)
-    R, f = _mass(vocab, m, sigma, c)
+    R, f, fz, wz = _mass(vocab, m, sigma, c)
     ex = R - _mass(vocab, m, sigma, 0.0)[0]
-    ex.flags.writeable = f.flags.writeable = False
-    return (ex, f, *_zipf_bins(int(vocab))[1:])
+    for a in (ex, f, fz):
+        a.flags.writeable = False
+    return (ex, f, fz, wz, *_zipf_bins(int(vocab))[1:])
+
+
+def at_lengths(rows, lengths: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """A table over row lengths (its first axis, at `lengths`) at other row lengths, linear in ln m; 1 (a lone key's
+    copy weight) below the first length."""
+    x, xp = np.log(np.atleast_1d(rows)), np.log(lengths)
+    if xp.size == 1:
+        t, i = np.zeros(x.shape), np.zeros(x.shape, dtype=int)
+    else:
+        i = np.clip(np.searchsorted(xp, x) - 1, 0, xp.size - 2)
+        t = np.clip((x - xp[i]) / (xp[i + 1] - xp[i]), 0.0, 1.0)
+    t = t.reshape(t.shape + (1,) * (table.ndim - 1))
+    out = table[i] * (1.0 - t) + table[np.minimum(i + 1, xp.size - 1)] * t
+    return np.where((x < xp[0]).reshape(t.shape), 1.0, out)
+
+
+def query_token_share(vocab: int) -> float:
+    """sum p^3 / sum p^2: the probability of a token at a random position, for the token two positions that hold one
+    token share (size-biased to the Zipf head); a bin's sum p^3 as (sum p^2)^2 / sum p (exact for the head's single
+    tokens)."""
+    _, ps, ps2 = _zipf_bins(int(vocab))
+    return float(np.sum(ps2 * ps2 / ps) / ps2.sum())
