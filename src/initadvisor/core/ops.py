@@ -176,6 +176,12 @@ def _same_token_pairs(op, G, S):
     return cz.State(out.qf, out.P, R, S.w), c
 
 
+def _token_share(G, S) -> float:
+    """The token's share of a position's q: the same-token pairs' excess over the other pairs, (R - P) / (1 - w),
+    over all pairs and over q."""
+    return cz.pair_mean(G, (S.R - S.P) / (1.0 - S.w)) / float(np.mean(S.qf))
+
+
 def causal_backward(ops, G, S, caches):
     for op, c in zip(reversed(ops), reversed(caches)):
         S = op.causal_backward(G, S, c)
@@ -704,8 +710,8 @@ class Attention:
             U[np.diag_indices(K)] = SPd * G.A2 + 2.0 * rd * G.Bt + pd * G.E + F
             out += g_v * U + b_v2
             diag += g_v * tot / (m * m) + b_v2
-        e = P.repeat_rho if S.R is None else cz.pair_mean(G, (S.R - S.P) / (1.0 - S.w)) / float(np.mean(S.qf))
-        diag += self._repeats(bc, lnT, m, qbar, kbar, e)  # e: the token's share of q (the same-token pairs' excess)
+        e = P.repeat_rho if S.R is None else _token_share(G, S)
+        diag += self._repeats(bc, lnT, m, qbar, kbar, e)
         R, gm, qg = None, cz.gmean(G, m), cz.gmean(G, qbar)  # each group at its mean row length
         if S.R is not None:  # two rows whose queries hold one token: their scores move together, as far as the
             turn = self._turn(np.subtract.outer(gm, gm), G.T)  # rotary embedding lets them (their distance)
@@ -984,8 +990,7 @@ class Attention:
             rho_r = (S.R + qb) / np.sqrt(np.multiply.outer(qq, qq)) * self._turn(delta, T)
             yp_r = np.minimum(np.exp(rho_r * np.multiply.outer(sv, sv)) * shared, np.multiply.outer(sy, sy))
             lo_w, hi_w = np.minimum.outer(w, w), np.maximum.outer(w, w)
-            e_w = float(np.mean((S.R - S.P)[~np.eye(T, dtype=bool)]) / (1.0 - S.w) / np.mean(S.qf))
-            R = out + (yp_r - yp) * gap_mn + g_v * self._own_keys(e_w, qbar, lo_w, hi_w,
+            R = out + (yp_r - yp) * gap_mn + g_v * self._own_keys(_token_share(G, S), qbar, lo_w, hi_w,
                                                                   (np.abs(delta) < hi_w).astype(float))
         two = None if P.centered else self._two_rows(bc, lnT, w, qbar, kbar, P.repeat_rho, w)
         if two is not None:
