@@ -92,6 +92,26 @@ def rope_distances(T: int, d_head: int, theta: float, fraction: float) -> np.nda
     return out
 
 
+@lru_cache(maxsize=16)
+def rope_group_pairs(edges: tuple, d_head: int, theta: float, fraction: float) -> np.ndarray:
+    """(K, K): per pair of position groups [e_g, e_g+1) x [e_h, e_h+1), the sum over ordered position pairs s != s' of
+    the rotary coherence of their distance (rope_distances; the pairs' count without a rotary embedding). A row's
+    scores see two keys' overlap turned by it, its values do not (Attention.causal's query/key path)."""
+    e = np.asarray(edges)
+    T = int(e[-1])
+    kap = rope_distances(T, d_head, theta, fraction) if theta else np.ones(T)
+    f = np.concatenate((kap[:0:-1], kap))  # kappa(|delta|), delta = -(T - 1) .. T - 1
+    F = np.concatenate(([0.0], np.cumsum(f)))  # F[x + T] = sum over delta < x + 1 ... of f: F[j] = sum f[:j]
+    s = np.arange(T)
+    # per group g and position s': sum_{t in g} f(t - s') = F[e_g+1 - s' + T - 1] - F[e_g - s' + T - 1]
+    hi = F[e[1:, None] - s[None, :] + T - 1]
+    lo = F[e[:-1, None] - s[None, :] + T - 1]
+    out = np.add.reduceat(hi - lo, e[:-1], axis=1)
+    out[np.diag_indices(len(e) - 1)] -= np.diff(e)  # s = s' (coherence 1)
+    out.flags.writeable = False
+    return out
+
+
 @lru_cache(maxsize=32)
 def rope_rows(T: int, d_head: int, theta: float, fraction: float) -> np.ndarray:
     """rope_coherence of causal rows m = 1..T (row m's keys 1..m): exact up to m = 64 and on a geometric grid of

@@ -589,6 +589,25 @@ def mix_backward_rows(G: _Grid, S: State, y2: np.ndarray, drop: float = 0.0, sha
     return State(diag + diag_p, out)
 
 
+def prefix_pair_sums(G: _Grid, kd: np.ndarray, Kp: np.ndarray, cd: np.ndarray, Cp: np.ndarray, KCp: np.ndarray
+                     ) -> tuple[np.ndarray, ...]:
+    """Per row group r, its keys the groups up to r: the eight sums of gradients.jacobian_form. kd, cd (K,): each
+    group's diagonal K_ss, C_ss; Kp, Cp, KCp (K, K): per group pair the sums over ordered position pairs s != s' of
+    K, C and K o C."""
+    n = G.n
+
+    def box(X):  # sum over g, h <= r
+        return np.diag(np.cumsum(np.cumsum(X, axis=0), axis=1))
+
+    dK, dC, dKC = np.cumsum(n * kd), np.cumsum(n * cd), np.cumsum(n * kd * cd)
+    rK = kd[:, None] + np.cumsum(Kp, axis=1) / n[:, None]  # [g, r]: one key of g's row sum over the groups up to r
+    rC = cd[:, None] + np.cumsum(Cp, axis=1) / n[:, None]
+    up = np.less_equal.outer(np.arange(len(n)), np.arange(len(n)))  # g <= r
+    Sdr = np.sum(np.where(up, (n * cd)[:, None] * rK + (n * kd)[:, None] * rC, 0.0), axis=0)
+    T3 = np.sum(np.where(up, n[:, None] * rK * rC, 0.0), axis=0)
+    return dK, dC, dKC, dK + box(Kp), dC + box(Cp), dKC + box(KCp), Sdr, T3
+
+
 def pair_suffix(G: _Grid, Pm: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per position s: sum over t != t' >= s of Pm[group t, group t'] u_t u_t' (Pm symmetric, its diagonal the mean
     within a group, 0 for singletons), and per group a: the sum over groups after it of Pm[b, b] sum_{t in b} u_t^2

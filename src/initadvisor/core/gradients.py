@@ -28,6 +28,27 @@ def jacobian_trace(y2, y3, y22):
     return np.maximum(y2 - 2.0 * y3 + y22, 0.0)
 
 
+def jacobian_form(m, y2, y3, y22, sums):
+    """E tr(M K M C) per row of m keys, M = diag(A) - A A^T, for weights exchangeable over the keys (E[Y2], E[Y3],
+    E[Y2^2]) and two symmetric key matrices (the keys' overlaps K as the scores see them, the values' C): the query
+    half of the query/key path (001 B.4's tr(M Q M Q) with K != C). Exact for homogeneous K, C, where it is
+    E tr(M^2) (K_d - K_o) (C_d - C_o) (diagonal and off-diagonal means), and for uniform rows; (a^T K a)(a^T C a) is
+    taken at its mean over the keys' order given Y2. sums: per row, sum of K_ss, of C_ss, of K_ss C_ss, of K, of C, of
+    K o C, of C_ss rK_s + K_ss rC_s and of rK_s rC_s (rK, rC the row sums)."""
+    dK, dC, dKC, R, Ct, KC, Sdr, T3 = sums
+    m = np.asarray(m, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        oKC = KC - dKC
+        e2 = (y2 - y3) / (m * (m - 1.0))
+        e3 = np.where(m > 2, (1.0 - 3.0 * y2 + 2.0 * y3) / (m * (m - 1.0) * (m - 2.0)), 0.0)
+        t1 = y2 / m * dKC + (1.0 - y2) / (m * (m - 1.0)) * oKC
+        t2 = y3 / m * dKC + e2 * (Sdr + oKC - 2.0 * dKC) + e3 * (T3 - Sdr - oKC + dKC)
+        Kd, Ko, Cd, Co = dK / m, (R - dK) / (m * (m - 1.0)), dC / m, (Ct - dC) / (m * (m - 1.0))
+        t4 = Ko * Co + y2 * ((Kd - Ko) * Co + Ko * (Cd - Co)) + y22 * (Kd - Ko) * (Cd - Co)
+        out = t1 - 2.0 * t2 + t4
+    return np.where((m > 1) & np.isfinite(out), np.maximum(out, 0.0), 0.0)
+
+
 def qk_grad(beta, sigma_v2, q, p, y2, y3, y22):
     """Scaled query-gradient norm T/(d^2 sqrt(ln T)) E||dL/dW_Q||^2 up to C (001 eq. 13, corrected trace)."""
     return _product(jacobian_trace(y2, y3, y22), q - p, q - p, beta, sigma_v2, q)

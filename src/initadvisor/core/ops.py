@@ -29,7 +29,7 @@ import numpy as np
 from initadvisor.core import attention as att
 from initadvisor.core import causal as cz
 from initadvisor.core import distances as dz
-from initadvisor.core import gradients as G
+from initadvisor.core import gradients as gr
 from initadvisor.core import kernels, routing
 from initadvisor.core.repeats import SIGMA_MAX, at_lengths, query_token_share, token_rows
 from initadvisor.core.softmax_rows import expected_y
@@ -603,7 +603,7 @@ class Attention:
             on = np.where(np.less(P.window, P.seq_len), 1.0, 0.0)  # (a grid of T: where the window bites)
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             s2 = 2.0 * np.divide(P.beta, bc) ** 2 * np.log(P.seq_len)  # (a window's n keys: the same at beta_n, ln n)
-            jt = G.jacobian_trace(y2, y3, y22)
+            jt = gr.jacobian_trace(y2, y3, y22)
             base = s2 / qq * P.g_v * (q - p)  # beta^2 ln T (q - kappa p) g_V (q - p)
             a_key = s2 / np.maximum(q - kp, 1e-300) * P.g_v * (q - p) * jt  # beta^2 ln T qq g_V (q - p) E tr(M^2)
             a = base * jt + a_key
@@ -733,8 +733,37 @@ class Attention:
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
         if R is not None:
             O = cz.State(O.qf, O.P, linear(diag, R, float(P.g_o), float(P.b_o2))[1], S.w)
-        qk = (lnT, m, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0), ys)
+        phi = self._key_structure(G, qf, Pm, qbar, kbar, pbar, ys)
+        qk = (lnT, m, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0), ys, phi)
         return O, cz.AttentionRows(y2, bc, O.qf, qk, overlap=overlap, shared=shared)
+
+    def _key_structure(self, G, qf, Pm, qbar, kbar, pbar, ys):
+        """Per causal row: the query half of the query/key path over its mean field, E tr(M K M C) for the keys'
+        overlaps as the scores see them (K: turned by the rotary coherence of the two keys' distance, normalised by a
+        QK-norm) and the values' (C) on the position groups (gradients.jacobian_form), over E tr(M^2) (q - kappa p)
+        (q - p) of the row's means. A row's early keys carry most of the values' spread (their q is large) and see the
+        later keys less than the mean pair does, so the scores' gradient spreads further than the mean field says
+        (OLMo 2's block 2: 1.8x at the late rows of T 128, in the numpy network)."""
+        P = self.P
+        ends = G.edges[1:] - 1  # each group's rows at its last row's keys: the groups up to it
+        qg = cz.gmean(G, qf)
+        kap = att.rope_group_pairs(tuple(G.edges.tolist()), P.d_head, P.rope_theta or 0.0, P.rope_fraction)
+        if P.qk_norm != "none":  # normalised keys: a K_ss of g q / (g q + eps), their overlaps g P / sqrt(..)
+            kq = float(P.g_k) * qg + P.norm_eps
+            kd, base = float(P.g_k) * qg / kq, float(P.g_k) * Pm / np.sqrt(np.multiply.outer(kq, kq))
+            ke = float(P.g_k) * qbar[ends] / (float(P.g_k) * qbar[ends] + P.norm_eps)
+            spread_k = ke * (1.0 - kbar[ends] / qbar[ends])
+        else:
+            kd, base, spread_k = qg, Pm, qbar[ends] - kbar[ends]
+        pairs = np.multiply.outer(G.n, G.n)
+        pairs[np.diag_indices(len(G.n))] = G.pairs
+        sums = cz.prefix_pair_sums(G, kd, kap * base, qg, pairs * Pm, kap * base * Pm)
+        y2, y3, y22 = (cz.gmean(G, y) for y in ys)
+        m = np.cumsum(G.n)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            phi = gr.jacobian_form(m, y2, y3, y22, sums) / (gr.jacobian_trace(y2, y3, y22) * spread_k
+                                                              * (qbar[ends] - pbar[ends]))
+        return np.where(np.isfinite(phi) & (m > 1), phi, 1.0)[G.gid]
 
     def _repeat_law(self, bc, lnT, m, qbar, kbar, e):
         """The token repeats' tables (repeats.token_rows: the rows' excess mass, their copy weights, the Zipf bins' sum
@@ -812,16 +841,16 @@ class Attention:
         X = (1.0 - w) + (pt - w) * ((n - 1.0 - inside) + (m - 1.0) * (1.0 + inside))
         return e * np.sqrt(np.multiply.outer(qbar, qbar)) * X / (m * n)
 
-    def _qk_rows(self, bc, lnT, m, qq, spread_k, common_q, spread_v, ys=None):
+    def _qk_rows(self, bc, lnT, m, qq, spread_k, common_q, spread_v, ys=None, phi=1.0):
         """The query/key path's gains per causal row t (t keys), as _qk_gain's (query half a, key half a_key, and the
         root of the column term b per row: two rows t, t' send h_t h_t' Yp / sqrt(Y2 Y2') P_tt' / (t t') to each key
         they share, 1 / (t t') being uniform rows' Jacobian overlap per key) with the row's own geometry and its exact
         E tr(M^2) at t keys (softmax_rows; ys: the rows' moments when the forward kept them)."""
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             s2 = 2.0 * np.divide(self.P.beta, bc) ** 2 * lnT
-            jt = G.jacobian_trace(*(expected_y(np.sqrt(s2), m) if ys is None else ys))
+            jt = gr.jacobian_trace(*(expected_y(np.sqrt(s2), m) if ys is None else ys))
             lam = s2 / np.maximum(spread_k, 1e-300)  # beta^2 ln T qq
-            a_q = s2 / qq * spread_v * jt
+            a_q = s2 / qq * spread_v * jt * phi
             a_k = lam * spread_v * jt
             h = np.sqrt(np.maximum(lam / qq * common_q * spread_v * jt * m, 0.0))
         return tuple(np.where(np.isfinite(x), x, 0.0) for x in (a_q, a_k, h))
