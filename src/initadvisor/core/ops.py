@@ -684,7 +684,7 @@ class Attention:
         y2, v, ys = cz.row_statistics(P.beta, bc, lnT, m)
 
         g_v, b_v2 = float(P.g_v), float(P.b_v2)
-        gap_v = g_v * np.maximum(qbar - kbar, 0.0)
+        gap_v = g_v * np.maximum(qbar - pbar, 0.0)  # values are not turned
         keep = 1.0 - float(P.attn_dropout)
         diag = (y2 - 1.0 / m) * gap_v + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
 
@@ -1002,7 +1002,7 @@ class Attention:
         bc = self._qk_normed_beta_c(qbar, kbar, qq) if P.qk_norm != "none" else att.beta_c(qbar, kbar, qq)
         y2, v, ys = cz.row_statistics(P.beta, bc, lnT, w)
         g_v, b_v2 = float(P.g_v), float(P.b_v2)
-        gap_v = g_v * np.maximum(qbar - kbar, 0.0)
+        gap_v = g_v * np.maximum(qbar - pbar, 0.0)  # values are not turned
         keep = 1.0 - float(P.attn_dropout)
         shared = np.maximum(np.minimum.outer(hi, hi) - np.maximum.outer(lo, lo) + 1, 0) / np.multiply.outer(w, w)
         rho_q = (S.P + qb) / np.sqrt(np.multiply.outer(qq, qq))
@@ -1071,7 +1071,7 @@ class Attention:
         bc = self._qk_normed_beta_c(q, kbar, qq) if P.qk_norm != "none" else att.beta_c(q, kbar, qq)
         y2, v, ys = cz.row_statistics(P.beta, bc, lnT, ms.astype(float))
         g_v, b_v2, keep = float(P.g_v), float(P.b_v2), 1.0 - float(P.attn_dropout)
-        gap = g_v * np.maximum(q - kbar, 0.0)
+        gap = g_v * np.maximum(q - pbar, 0.0)
         rep = self._repeats(bc[at], lnT, w.astype(float), np.full(T, q), kbar[at]) + np.zeros(T)  # per position
         var = (g_v * (ms * q + ms * (ms - 1.0) * pbar) / ms**2 + b_v2 + (y2 - 1.0 / ms) * gap
                + (1.0 / keep - 1.0) * y2 * (g_v * q + b_v2))[at] + rep
