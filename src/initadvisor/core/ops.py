@@ -845,7 +845,8 @@ class Attention:
         """The query/key path's gains per causal row t (t keys), as _qk_gain's (query half a, key half a_key, and the
         root of the column term b per row: two rows t, t' send h_t h_t' Yp / sqrt(Y2 Y2') P_tt' / (t t') to each key
         they share, 1 / (t t') being uniform rows' Jacobian overlap per key) with the row's own geometry and its exact
-        E tr(M^2) at t keys (softmax_rows; ys: the rows' moments when the forward kept them)."""
+        E tr(M^2) at t keys (softmax_rows; ys: the rows' moments when the forward kept them); phi: the query half over
+        the row's keys' structure (_key_structure: rows over all keys on position groups; windows and ALiBi keep 1)."""
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             s2 = 2.0 * np.divide(self.P.beta, bc) ** 2 * lnT
             jt = gr.jacobian_trace(*(expected_y(np.sqrt(s2), m) if ys is None else ys))
