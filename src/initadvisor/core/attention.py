@@ -96,18 +96,20 @@ def rope_distances(T: int, d_head: int, theta: float, fraction: float) -> np.nda
 def rope_group_pairs(edges: tuple, d_head: int, theta: float, fraction: float) -> np.ndarray:
     """(K, K): per pair of position groups [e_g, e_g+1) x [e_h, e_h+1), the sum over ordered position pairs s != s' of
     the rotary coherence of their distance (rope_distances; the pairs' count without a rotary embedding). A row's
-    scores see two keys' overlap turned by it, its values do not (Attention.causal's query/key path)."""
-    e = np.asarray(edges)
-    T = int(e[-1])
-    kap = rope_distances(T, d_head, theta, fraction) if theta else np.ones(T)
-    f = np.concatenate((kap[:0:-1], kap))  # kappa(|delta|), delta = -(T - 1) .. T - 1
-    F = np.concatenate(([0.0], np.cumsum(f)))  # F[x + T] = sum over delta < x + 1 ... of f: F[j] = sum f[:j]
-    s = np.arange(T)
-    # per group g and position s': sum_{t in g} f(t - s') = F[e_g+1 - s' + T - 1] - F[e_g - s' + T - 1]
-    hi = F[e[1:, None] - s[None, :] + T - 1]
-    lo = F[e[:-1, None] - s[None, :] + T - 1]
-    out = np.add.reduceat(hi - lo, e[:-1], axis=1)
-    out[np.diag_indices(len(e) - 1)] -= np.diff(e)  # s = s' (coherence 1)
+    scores see two keys' overlap turned by it, its values do not (Attention._key_structure). Per frequency w the
+    block sum of cos((s - s') w) is Re(G_g conj(G_h)), G_g = sum over s in g of e^(i s w) (a geometric series), so it
+    costs K^2 per frequency, whatever T."""
+    e = np.asarray(edges, dtype=float)
+    a, n = e[:-1], np.diff(e)
+    out = np.multiply.outer(n, n)
+    r = rope_dims(d_head, fraction) if theta else 0
+    if r:
+        turned = np.zeros_like(out)
+        for w in theta ** (-np.arange(0, r, 2, dtype=float) / r):
+            g = np.exp(1j * w * a) * (np.expm1(1j * w * n) / np.expm1(1j * w))
+            turned += np.real(np.multiply.outer(g, g.conj()))
+        out = (2.0 * turned + (d_head - r) * out) / d_head
+    out[np.diag_indices(len(n))] -= n  # s = s' (coherence 1)
     out.flags.writeable = False
     return out
 
