@@ -398,6 +398,7 @@ class AttentionRows:
     shared: np.ndarray | None = None  # (K, K): Yp - 1 / max(t, t'), the overlap beyond uniform rows'
     keys: tuple | None = None  # windows and bidirectional rows (full resolution): row m's keys lo_m..hi_m, w_m of them
     weights: tuple | None = None  # ALiBi rows (full resolution): (W, d, c, sum W^2, overlap), Attention._causal_alibi
+    structure: tuple | None = None  # rows over all keys: what Attention._key_structure reads (qf, P, qbar, kbar, pbar)
     qk_share: float = 0.0  # set by the backward: the share of the gradient's q at the input through that path
 
 

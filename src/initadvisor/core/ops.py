@@ -733,11 +733,11 @@ class Attention:
         O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
         if R is not None:
             O = cz.State(O.qf, O.P, linear(diag, R, float(P.g_o), float(P.b_o2))[1], S.w)
-        phi = self._key_structure(G, qf, Pm, qbar, kbar, pbar, ys)
-        qk = (lnT, m, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0), ys, phi)
-        return O, cz.AttentionRows(y2, bc, O.qf, qk, overlap=overlap, shared=shared)
+        qk = (lnT, m, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0), ys)
+        return O, cz.AttentionRows(y2, bc, O.qf, qk, overlap=overlap, shared=shared,
+                                   structure=(qf, Pm, qbar, kbar, pbar))
 
-    def _key_structure(self, G, qf, Pm, qbar, kbar, pbar, ys):
+    def _key_structure(self, G, ys, qf, Pm, qbar, kbar, pbar):
         """Per causal row: the query half of the query/key path over its mean field, E tr(M K M C) for the keys'
         overlaps as the scores see them (K: turned by the rotary coherence of the two keys' distance, normalised by a
         QK-norm) and the values' (C) on the position groups (gradients.jacobian_form), over E tr(M^2) (q - kappa p)
@@ -841,17 +841,16 @@ class Attention:
         X = (1.0 - w) + (pt - w) * ((n - 1.0 - inside) + (m - 1.0) * (1.0 + inside))
         return e * np.sqrt(np.multiply.outer(qbar, qbar)) * X / (m * n)
 
-    def _qk_rows(self, bc, lnT, m, qq, spread_k, common_q, spread_v, ys=None, phi=1.0):
+    def _qk_rows(self, bc, lnT, m, qq, spread_k, common_q, spread_v, ys=None):
         """The query/key path's gains per causal row t (t keys), as _qk_gain's (query half a, key half a_key, and the
         root of the column term b per row: two rows t, t' send h_t h_t' Yp / sqrt(Y2 Y2') P_tt' / (t t') to each key
         they share, 1 / (t t') being uniform rows' Jacobian overlap per key) with the row's own geometry and its exact
-        E tr(M^2) at t keys (softmax_rows; ys: the rows' moments when the forward kept them); phi: the query half over
-        the row's keys' structure (_key_structure: rows over all keys on position groups; windows and ALiBi keep 1)."""
+        E tr(M^2) at t keys (softmax_rows; ys: the rows' moments when the forward kept them)."""
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             s2 = 2.0 * np.divide(self.P.beta, bc) ** 2 * lnT
             jt = gr.jacobian_trace(*(expected_y(np.sqrt(s2), m) if ys is None else ys))
             lam = s2 / np.maximum(spread_k, 1e-300)  # beta^2 ln T qq
-            a_q = s2 / qq * spread_v * jt * phi
+            a_q = s2 / qq * spread_v * jt
             a_k = lam * spread_v * jt
             h = np.sqrt(np.maximum(lam / qq * common_q * spread_v * jt * m, 0.0))
         return tuple(np.where(np.isfinite(x), x, 0.0) for x in (a_q, a_k, h))
@@ -888,6 +887,8 @@ class Attention:
                                           drop, *rows.keys).qf
             with np.errstate(invalid="ignore", divide="ignore"):
                 kd, kp = cz.window_sums(ek / w, np.where(w > 1, -ek / (w * (w - 1.0)), 0.0), *rows.keys[:2])
+        if rows.structure is not None and e.sum() > 1e-5 * g_v * B.qf.sum():  # the query half over the keys' structure
+            e = e * self._key_structure(G, rows.qk[-1], *rows.structure)  # (skipped where it cannot show)
         qk = e + kd + cols
         total = g_v * B.qf + qk
         rows.qk_share = float(np.clip(qk.sum() / total.sum(), 0.0, 1.0)) if total.sum() > 0 else 0.0
