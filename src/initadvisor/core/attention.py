@@ -33,12 +33,16 @@ def rope_dims(d_head: int, fraction: float) -> int:
     return (int(d_head * fraction) // 2) * 2
 
 
+def rope_frequencies(d_head: int, theta: float, fraction: float) -> np.ndarray:
+    """The rotary frequencies theta^(-2i/r), i < r/2 (r = rope_dims; none without a rotary embedding)."""
+    r = rope_dims(d_head, fraction) if theta else 0
+    return theta ** (-np.arange(0, r, 2, dtype=float) / r) if r else np.zeros(0)
+
+
 def rope_angles(T: int, d_head: int, theta: float, fraction: float) -> tuple[np.ndarray, np.ndarray]:
     """(cos, sin) of the rotary angles t theta^(-2i/r), positions t = 0..T-1, i < r/2 (r = rope_dims): HF's
     rotate_half convention turns coordinate i with i + r/2."""
-    r = rope_dims(d_head, fraction)
-    inv = theta ** (-np.arange(0, r, 2, dtype=float) / r)
-    a = np.outer(np.arange(T, dtype=float), inv)
+    a = np.outer(np.arange(T, dtype=float), rope_frequencies(d_head, theta, fraction))
     return np.cos(a), np.sin(a)
 
 
@@ -85,9 +89,11 @@ def rope_kappa(m, d_head: int, theta: float, fraction: float):
 def rope_distances(T: int, d_head: int, theta: float, fraction: float) -> np.ndarray:
     """The rotary embedding's coherence of two queries delta = 0..T-1 positions apart: the mean over a head's
     coordinates of cos(delta w_i), 1 on coordinates left unturned (read-only, cached per T)."""
-    r = rope_dims(d_head, fraction)
-    w = theta ** (-np.arange(0, r, 2, dtype=float) / r)
-    out = (np.cos(np.outer(np.arange(T, dtype=float), w)).sum(1) * 2 + (d_head - r)) / d_head
+    w, delta = rope_frequencies(d_head, theta, fraction), np.arange(T, dtype=float)
+    out = np.full(T, d_head - 2.0 * w.size)
+    for wi in w:  # one frequency at a time: memory O(T) (a causal stack runs up to 2^20 positions)
+        out += 2.0 * np.cos(wi * delta)
+    out /= d_head
     out.flags.writeable = False
     return out
 
@@ -102,13 +108,13 @@ def rope_group_pairs(edges: tuple, d_head: int, theta: float, fraction: float) -
     e = np.asarray(edges, dtype=float)
     a, n = e[:-1], np.diff(e)
     out = np.multiply.outer(n, n)
-    r = rope_dims(d_head, fraction) if theta else 0
-    if r:
+    freqs = rope_frequencies(d_head, theta, fraction)
+    if freqs.size:
         turned = np.zeros_like(out)
-        for w in theta ** (-np.arange(0, r, 2, dtype=float) / r):
+        for w in freqs:
             g = np.exp(1j * w * a) * (np.expm1(1j * w * n) / np.expm1(1j * w))
             turned += np.real(np.multiply.outer(g, g.conj()))
-        out = (2.0 * turned + (d_head - r) * out) / d_head
+        out = (2.0 * turned + (d_head - 2.0 * freqs.size) * out) / d_head
     out[np.diag_indices(len(n))] -= n  # s = s' (coherence 1)
     out.flags.writeable = False
     return out

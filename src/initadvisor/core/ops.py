@@ -720,19 +720,8 @@ class Attention:
             R = out + (yp_r - yp) * gv[G.lo] + g_v * self._own_keys(e, qg, np.minimum.outer(gm, gm),
                                                                        np.maximum.outer(gm, gm), 1.0)
         two = None if P.centered else self._two_rows(bc, lnT, m, qbar, kbar, e, gm)
-        if two is not None:
-            a, b, x = two
-            qq2 = np.sqrt(np.multiply.outer(qg, qg))
-            extra = g_v * (np.minimum.outer(qg, qg) * a * amax + e * qq2 * b)
-            out += extra
-            if R is not None:
-                R += extra + g_v * e * qq2 * np.clip(rho_r, 0.0, 1.0) * x
-        if R is not None:
-            R[G.single, G.single] = 0.0
-        out[G.single, G.single] = 0.0
-        O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
-        if R is not None:
-            O = cz.State(O.qf, O.P, linear(diag, R, float(P.g_o), float(P.b_o2))[1], S.w)
+        out, R = self._weigh_copies(two, qg, amax, e, out, R, None if R is None else rho_r)
+        O = self._output(diag, out, R, (G.single, G.single), S.w)
         qk = (lnT, m, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0), ys)
         return O, cz.AttentionRows(y2, bc, O.qf, qk, overlap=overlap, shared=shared,
                                    structure=(qf, Pm, qbar, kbar, pbar))
@@ -746,23 +735,22 @@ class Attention:
         (OLMo 2's block 2: 1.8x at the late rows of T 128, in the numpy network)."""
         P = self.P
         ends = G.edges[1:] - 1  # each group's rows at its last row's keys: the groups up to it
-        qg = cz.gmean(G, qf)
+        qe, ke, pe = qbar[ends], kbar[ends], pbar[ends]
+        qg, g_k = cz.gmean(G, qf), float(P.g_k)
         kap = att.rope_group_pairs(tuple(G.edges.tolist()), P.d_head, P.rope_theta or 0.0, P.rope_fraction)
         if P.qk_norm != "none":  # normalised keys: a K_ss of g q / (g q + eps), their overlaps g P / sqrt(..)
-            kq = float(P.g_k) * qg + P.norm_eps
-            kd, base = float(P.g_k) * qg / kq, float(P.g_k) * Pm / np.sqrt(np.multiply.outer(kq, kq))
-            ke = float(P.g_k) * qbar[ends] / (float(P.g_k) * qbar[ends] + P.norm_eps)
-            spread_k = ke * (1.0 - kbar[ends] / qbar[ends])
+            kq = g_k * qg + P.norm_eps
+            kd, base = g_k * qg / kq, g_k * Pm / np.sqrt(np.multiply.outer(kq, kq))
+            spread_k = g_k * qe / (g_k * qe + P.norm_eps) * (1.0 - ke / qe)
         else:
-            kd, base, spread_k = qg, Pm, qbar[ends] - kbar[ends]
+            kd, base, spread_k = qg, Pm, qe - ke
         pairs = np.multiply.outer(G.n, G.n)
         pairs[np.diag_indices(len(G.n))] = G.pairs
         sums = cz.prefix_pair_sums(G, kd, kap * base, qg, pairs * Pm, kap * base * Pm)
         y2, y3, y22 = (cz.gmean(G, y) for y in ys)
         m = np.cumsum(G.n)
         with np.errstate(invalid="ignore", divide="ignore"):
-            phi = gr.jacobian_form(m, y2, y3, y22, sums) / (gr.jacobian_trace(y2, y3, y22) * spread_k
-                                                              * (qbar[ends] - pbar[ends]))
+            phi = gr.jacobian_form(m, y2, y3, y22, sums) / (gr.jacobian_trace(y2, y3, y22) * spread_k * (qe - pe))
         return np.where(np.isfinite(phi) & (m > 1), phi, 1.0)[G.gid]
 
     def _repeat_law(self, bc, lnT, m, qbar, kbar, e):
@@ -819,6 +807,29 @@ class Attention:
         same = (fg * ps2) @ fg.T
         A = (fzg * np.sqrt(wz)[:, None] * np.sqrt(ps2)).reshape(len(fzg), -1)
         return a, same - ps2.sum(), A @ A.T - same
+
+    def _weigh_copies(self, two, qa, near, e, out, R, rho_r):
+        """Two rows' overlaps (and the same-token pairs' R) with their keys weighed by copy weight (_two_rows' a, b,
+        x; `near`: the rows' shared keys over m n, qa the rows' mean q, e the token's share of it)."""
+        if two is None:
+            return out, R
+        a, b, x = two
+        qq2 = np.sqrt(np.multiply.outer(qa, qa))
+        extra = float(self.P.g_v) * (np.minimum.outer(qa, qa) * a * near + e * qq2 * b)
+        if R is not None:
+            R = R + extra + float(self.P.g_v) * e * qq2 * np.clip(rho_r, 0.0, 1.0) * x
+        return out + extra, R
+
+    def _output(self, diag, out, R, own, w):
+        """The branch output after W_O: per-row variance diag, pair overlaps out (and the same-token pairs' R, at
+        share w), each row's pair with itself (`own`) taken off."""
+        P = self.P
+        out[own] = 0.0
+        O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
+        if R is None:
+            return O
+        R[own] = 0.0
+        return cz.State(O.qf, O.P, linear(diag, R, float(P.g_o), float(P.b_o2))[1], w)
 
     def _turn(self, delta, T: int):
         """The rotary embedding's coherence of two queries |delta| < T positions apart (attention.rope_distances; 1
@@ -1024,19 +1035,8 @@ class Attention:
             R = out + (yp_r - yp) * gap_mn + g_v * self._own_keys(_token_share(G, S), qbar, lo_w, hi_w,
                                                                   (np.abs(delta) < hi_w).astype(float))
         two = None if P.centered else self._two_rows(bc, lnT, w, qbar, kbar, P.repeat_rho, w)
-        if two is not None:
-            a, b, x = two
-            qq2 = np.sqrt(np.multiply.outer(qbar, qbar))
-            extra = g_v * (np.minimum.outer(qbar, qbar) * a * shared + P.repeat_rho * qq2 * b)
-            out += extra
-            if R is not None:
-                R += extra + g_v * P.repeat_rho * qq2 * np.clip(rho_r, 0.0, 1.0) * x
-        if R is not None:
-            R[np.diag_indices(T)] = 0.0
-        out[np.diag_indices(T)] = 0.0
-        O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
-        if R is not None:
-            O = cz.State(O.qf, O.P, linear(diag, R, float(P.g_o), float(P.b_o2))[1], S.w)
+        out, R = self._weigh_copies(two, qbar, shared, P.repeat_rho, out, R, None if R is None else rho_r)
+        O = self._output(diag, out, R, np.diag_indices(T), S.w)
         qk = (lnT, w, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0), ys)
         return O, cz.AttentionRows(y2, bc, O.qf, qk, overlap=yp / np.multiply.outer(sy, sy), keys=(lo, hi, w),
                                    shared=(yp - shared, shared * np.multiply.outer(w, w)))
