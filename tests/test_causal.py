@@ -688,13 +688,14 @@ def test_query_half_over_a_causal_stream_without_input_norm(name, model, init):
 @pytest.mark.parametrize("qk_beta", [1.0, 1.5])
 def test_rotary_rows_turn_the_keys_not_the_values(qk_beta):
     """One causal attention with a rotary embedding over correlated exchangeable tokens (p / q = 0.6): the per-position
-    output q of the position-resolved forward within 4% of the numpy network at the late half of the rows (measured
-    0.7%). A row's weights fluctuate over its keys' values at their own spread q - p; taking the keys' turned mean pair
-    kappa p there (as the code did from 11-25 to 11-28) put it 10% (beta 1) and 19% (beta 1.5) high."""
+    output q of the position-resolved forward within 5% of the numpy network at the late half of the rows (four seed
+    sets: -2.0% .. +1.3%). A row's weights fluctuate over its keys' values at their own spread q - p; taking the keys'
+    turned mean pair kappa p there (as the code did from 11-25 to 11-28) put it 7% (beta 1) and 16-17% (beta 1.5)
+    high."""
     from initadvisor.core import causal as cz
     from initadvisor.core.ops import numpy_forward
 
-    T, d, seeds, batch = 96, 96, 24, 4
+    T, d, seeds, batch = 96, 96, 96, 4
     op = Attention(block_params(build_spec({"model": {"layers": 1, "d_model": d, "d_ff": 128, "causal": True,
                                                       "heads": 2, "head_dim": 48, "rope_theta": 100.0},
                                             "sequence": {"length": T, "vocab": 101},
@@ -702,7 +703,9 @@ def test_rotary_rows_turn_the_keys_not_the_values(qk_beta):
     meas = []
     for s in range(seeds):
         rng = np.random.default_rng([31, s])
-        x = np.sqrt(0.6) * rng.standard_normal((batch, 1, d)) + np.sqrt(0.4) * rng.standard_normal((batch, T, d))
+        c = rng.standard_normal((batch, 1, d))
+        c /= np.sqrt((c**2).mean(-1, keepdims=True))  # the common part at its mean size (its spread is not at issue)
+        x = np.sqrt(0.6) * c + np.sqrt(0.4) * rng.standard_normal((batch, T, d))
         y, _ = numpy_forward((op,), x, init_block((op,), rng), rng)
         meas.append((y**2).mean((0, 2)))
     meas = np.mean(meas, 0)
@@ -710,4 +713,4 @@ def test_rotary_rows_turn_the_keys_not_the_values(qk_beta):
     P = np.full((T, T), 0.6)
     np.fill_diagonal(P, 0.0)
     out = op.causal(G, cz.State(np.ones(T), P))[0].qf
-    assert abs(out[T // 2:].mean() / meas[T // 2:].mean() - 1) <= 0.04
+    assert abs(out[T // 2:].mean() / meas[T // 2:].mean() - 1) <= 0.05
