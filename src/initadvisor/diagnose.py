@@ -156,14 +156,16 @@ def distances_fit(layers: int, seq_len: int, heads: int, alibi: float) -> bool:
     return fits(layers, seq_len) and (layers + 1) * seq_len * maps <= DISTANCE_CELLS
 
 
-LAYER_POSITIONS = 5000  # a position-resolved layer costs about 0.94 us x (T + LAYER_POSITIONS) (2026-11-28, 16-24
-# layers: GPT-2 1.8 / 4.8 / 62 ms at T 64 / 1024 / 65536, rotary SwiGLU 2.8 / 6.7 / 13 ms at T 64 / 1024 / 8192)
+LAYER_POSITIONS = 5000  # a position-resolved layer costs 0.6-1.2 us x (T + LAYER_POSITIONS) (2026-11-28, forward and
+# backward: GPT-2 small's blocks 2.1 / 4.0 / 9.3 / 44 ms at T 64 / 1024 / 8192 / 65536; Llama-3.1-8B's rotary blocks at
+# T 131072 166 ms)
 
 
 def resolved_cells(stack: Stack) -> int:
     """The size of causal_trace's run for this stack, in cells of about 0.5 us: (layers + 1) x 2 (T + LAYER_POSITIONS)
     position-resolved (a layer's Python and group-pair work is counted as LAYER_POSITIONS positions); (layers + 1)
-    x T^2 / 2 for windows at full resolution (a cell there costs about half a position's: 0.25-0.4 us); ALiBi's rows
+    x T^2 for windows at full resolution (2026-11-28: 0.35-0.45 us a cell at T 128-512, 0.73 us at T 1024, causal or
+    not; counted as T^2 / 2 before, a 22-layer windowed stack at T 512 ran recommend in 33 s, 3.9 s an analysis); ALiBi's rows
     there (layers + 1) x heads x T^3 / 2000 (their dense products: 3.3 s for 1.4e10, counted high); (layers + 1) x T
     x the distinct ALiBi windows on the distance state; 0 where the pair engine stands alone. Mixture-of-experts stacks
     count their position-resolved cells twice (the routing statistics of every pair: 2.1 us a window cell, against
@@ -174,7 +176,7 @@ def resolved_cells(stack: Stack) -> int:
     if how == "resolved" and P.alibi:
         return moe * (L + 1) * max(T * T // 2, P.heads * T**3 // 2000)
     if how == "resolved":
-        return moe * ((L + 1) * T * T // 2 if stack.windowed else (L + 1) * 2 * (T + LAYER_POSITIONS))
+        return moe * ((L + 1) * T * T if stack.windowed else (L + 1) * 2 * (T + LAYER_POSITIONS))
     if how == "distances":
         return (L + 1) * T * (len(alibi_windows(P.heads, P.alibi, T)[0]) if P.alibi else 1)
     return 0

@@ -29,7 +29,8 @@ ALPHA_MARGIN = 1.1  # the critical recipe's skip: the given one if above alpha_c
 ALPHA_RTOL = 1e-9  # alpha_c: the good end of a bracket [bad, good] narrower than ALPHA_RTOL x alpha_c
 RECIPE_CELLS = 5 * 10**6  # the recipes are resolved per position up to this many cells an analysis (about 0.5 us
 # each, diagnose.resolved_cells: a 999-layer windowed MoE stack at T 10000, 1e7, took 150 s; GPT-2 small at 1682
-# layers, 2e7, 105 s resolved, 27 s on the pair; Llama-3.1-8B at T 131072, 9e6: check 4.9 s, recommend 10 s)
+# layers, 2e7, 105 s resolved, 27 s on the pair; Llama-3.1-8B at T 131072, 9e6: check 5.5 s, recommend 10 s, 41 s
+# resolved; a 22-layer windowed stack at T 512, 6e6: check 3.9 s, recommend 7.9 s, 33 s resolved)
 PATCH_ORDER = ("critical", "deepscalelm-simplified", "gpt2", "deepnorm", "t-fixup", "as-given")
 
 
