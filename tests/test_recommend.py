@@ -176,6 +176,9 @@ def test_recipes_beyond_the_budget_are_compared_on_the_late_token_pair(monkeypat
     window = build_spec({"model": {"layers": 22, "d_model": 64, "heads": 1, "sliding_window": 6},
                          "sequence": {"length": 512}})  # fuzz seed 121: 3.9 s an analysis, recommend 33 s resolved
     assert diagnose.resolved_cells(R.Recipe("as-given", "", "", window).stack()) > R.RECIPE_CELLS
+    llama = build_spec({"model": {"layers": 32, "d_model": 64, "heads": 2, "norm": "pre", "causal": True,
+                                  "rope_theta": 500000.0}, "sequence": {"length": 131072}})  # Llama-3.1-8B's depth and T:
+    assert diagnose.resolved_cells(R.Recipe("as-given", "", "", llama).stack()) > R.RECIPE_CELLS  # 5.5 s an analysis
     within = recommend(spec)
     assert not any("late-token pair" in n for r in within["recipes"] for n in r["notes"])
     monkeypatch.setattr(R, "RECIPE_CELLS", cells - 1)

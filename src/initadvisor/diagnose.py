@@ -137,7 +137,8 @@ def resolvable(stack: Stack) -> bool:
         and (L + 1) * heads * T**3 <= ALIBI_FLOPS
 
 
-ROW_FLOOR = 1024  # a layer of the position-resolved engine costs ~1 ms however short T (Python per operation)
+ROW_FLOOR = 1024  # check's reach counts a layer as at least this many positions (Python per operation; a layer costs
+# 2.1 ms at T 64 with the backward: recommend's budget counts it as LAYER_POSITIONS more, below)
 
 
 def fits(layers: int, seq_len: int) -> bool:
