@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from initadvisor.core.ops import MLP, Attention, Dropout, MoE, Norm, Residual, leaves, numpy_backward, numpy_forward
+from initadvisor.core.ops import MLP, Attention, Dropout, MoE, Norm, Residual, leaves, numpy_backward, numpy_forward, \
+    spread_forward
 from initadvisor.simulate import init_block, pair_moments
 from initadvisor.spec import build_spec
 from initadvisor.stack import block_params, embeddings
@@ -317,7 +318,8 @@ def test_causal_backward_is_the_pair_backward_on_exchangeable_positions(name):
 
     _, cache = op.causal(G, state(INPUTS["q"], INPUTS["p"]))
     D = op.causal_backward(G, state(INPUTS["gq"], INPUTS["gp"]), cache)
-    gq, gp = op.moments_backward(INPUTS["gq"], INPUTS["gp"], op.moments(INPUTS["q"], INPUTS["p"])[2])
+    _, (pair,) = spread_forward((op,), None, [op.moments(INPUTS["q"], INPUTS["p"])[2]])  # a norm's Jensen factor
+    gq, gp = op.moments_backward(INPUTS["gq"], INPUTS["gp"], pair)
     off = ~np.eye(K, dtype=bool) | ~G.single[:, None]
     assert np.allclose(D.qf, gq, rtol=1e-3), (D.qf[:3], gq)
     assert np.allclose(D.P[off], gp, rtol=1e-3, atol=1e-6), (D.P[off][:3], gp)

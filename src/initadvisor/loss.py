@@ -204,7 +204,7 @@ def own_token_moment(stack, trace) -> float:
             if isinstance(op, Residual):
                 c *= float(op.skip) ** 2
             elif isinstance(op, Norm):
-                r = float(cache) * float(op.gain) ** 2  # q + eps
+                r = float(cache[0]) * float(op.gain) ** 2  # q + eps
                 c = c / r if r > 0 else 0.0  # a vanished stream carries no row
     return c
 

@@ -387,6 +387,8 @@ class State:
     P: np.ndarray  # (K, K)
     R: np.ndarray | None = None  # (K, K): the pairs of positions that hold one token (ops.causal_forward carries it)
     w: float = 0.0  # their share of all pairs (P is the mean over all pairs, R's included)
+    u: np.ndarray | None = None  # (T,): the variance of a token's mean square at its position between sequences
+    # (ops.spread_forward's; None where no operation set it): the norms' backward reads it
 
 
 @dataclass
@@ -415,7 +417,8 @@ def _clamp(G: _Grid, S: State) -> State:
     qg = gmean(G, qf)
     bound = np.multiply.outer(np.sqrt(qg), np.sqrt(qg))
     R = None if S.R is None else np.clip(np.nan_to_num(S.R, nan=0.0), -bound, bound)
-    return State(qf, np.clip(np.nan_to_num(S.P, nan=0.0), -bound, bound), R, S.w)
+    u = None if S.u is None else np.clip(np.nan_to_num(S.u, nan=0.0, posinf=0.0), 0.0, qf * qf)  # as clamp_spread
+    return State(qf, np.clip(np.nan_to_num(S.P, nan=0.0), -bound, bound), R, S.w, u)
 
 
 def _summary(G: _Grid, S: State) -> tuple[float, np.ndarray, np.ndarray]:

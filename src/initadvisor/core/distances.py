@@ -78,6 +78,7 @@ class LateRows:
     qk: tuple = ()
     heads: tuple = ()  # ALiBi: (window-equivalent operation, its rows, its share of the heads)
     qk_share: float = 0.0  # set by the backward
+    spread: object = None  # the late rows' output spread (ops.Attention._spread; None for ALiBi's heads)
 
 
 @dataclass(frozen=True)
@@ -124,12 +125,17 @@ def distance_forward(ops, q, c) -> tuple:
     return q, c, caches
 
 
-def block_forward(ops, q, c) -> tuple:
-    """distance_forward, the state clamped as the pair engine's (q into [1/HUGE, HUGE], overlaps within +-q)."""
+def block_forward(ops, q, c, u=None) -> tuple:
+    """distance_forward, the state clamped as the pair engine's (q into [1/HUGE, HUGE], overlaps within +-q), and
+    a token's mean-square spread u through it (ops.spread_forward: the caches the backward reads)."""
+    from initadvisor.core.ops import spread_forward
+
     with np.errstate(over="ignore", invalid="ignore"):
         q, c, caches = distance_forward(ops, q, c)
+        u, caches = spread_forward(ops, u, caches)
     q = float(min(max(q, 1.0 / att.HUGE), att.HUGE)) if math.isfinite(q) else att.HUGE
-    return q, np.clip(np.nan_to_num(c, nan=0.0), -q, q), caches
+    u = None if u is None else float(min(max(np.nan_to_num(u, nan=0.0, posinf=0.0), 0.0), q * q))
+    return q, np.clip(np.nan_to_num(c, nan=0.0), -q, q), caches, u
 
 
 def propagate_distances(blocks, q0: float, p0: float, T: int, backward: bool = False):
@@ -156,10 +162,11 @@ def propagate_distances(blocks, q0: float, p0: float, T: int, backward: bool = F
         r3[k] = np.where(np.array(sizes) > 1, pair_means(c, sizes) / q, rho[k])
 
     record(0)
+    u = None
     for k, ops in enumerate(blocks):
         if backward:
-            states.append((q, c))
-        q, c, caches = block_forward(ops, q, c)
+            states.append((q, c, u))
+        q, c, caches, u = block_forward(ops, q, c, u)
         record(k + 1)
         rows = find(ops, caches, Attention)
         y2[k], bcs[k] = rows.y2, rows.beta_c

@@ -139,3 +139,33 @@ def backward(act: str, q, p):
         one = np.ones(np.broadcast(q, p).shape)
         return one, one
     return quadrature(PHI["silu" if act == "swiglu" else act][1], q, p)
+
+
+def square_spread(act: str, q, gated: bool = False, n: int = 48):
+    """(E f, Var f / (E f)^2, the elasticity d ln E f / d ln q) of one hidden unit's square f = phi(z)^2, z ~ N(0, q)
+    (gated: f = phi(a)^2 b^2, a and b independent N(0, q)), per entry of q, by Gauss-Hermite quadrature: what a
+    token's mean square over the units averages, how much it varies between tokens at finite width, and how it
+    follows the input's scale (E[f He_2] / 2 E f, He_2 = z^2 / q - 1). One q: cached (a stack's layers behind a norm
+    share it)."""
+    if np.ndim(q) == 0:
+        return _square_spread_at(act, float(q), gated, n)
+    return _square_spread(act, q, gated, n)
+
+
+@lru_cache(maxsize=256)
+def _square_spread_at(act: str, q: float, gated: bool, n: int) -> tuple:
+    return tuple(np.float64(x) for x in _square_spread(act, q, gated, n))  # (numpy scalars: overflow is inf)
+
+
+def _square_spread(act: str, q, gated: bool, n: int):
+    z, w = gauss_hermite(n)
+    q = np.asarray(q, dtype=float)
+    s = np.sqrt(q)[..., None]
+    phi = (lambda x: np.maximum(x, 0.0)) if act == "relu" else (lambda x: x) if act == "linear" else \
+        PHI["gelu" if act in ("gelu", "gelu_tanh") else act][0]
+    f = phi(s * z) ** 2
+    m1, m2, h2 = f @ w, (f * f) @ w, (f * (z * z - 1.0)) @ w
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if gated:  # E b^2 = q, E b^4 = 3 q^2, E[b^2 He_2(b)] = 2 q
+            return m1 * q, np.where(m1 > 0, 3.0 * m2 / (m1 * m1) - 1.0, 0.0), np.where(m1 > 0, h2 / (2 * m1), 0.0) + 1.0
+        return m1, np.where(m1 > 0, m2 / (m1 * m1) - 1.0, 0.0), np.where(m1 > 0, h2 / (2 * m1), 0.0)

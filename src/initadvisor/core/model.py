@@ -14,7 +14,7 @@ import numpy as np
 
 from initadvisor.core.attention import HUGE  # moments are clamped to [1/HUGE, HUGE] after every block
 from initadvisor.core.ops import Attention, BlockParams, Embeddings, block, find, moments_backward, \
-    moments_forward
+    moments_forward, spread_forward
 
 
 @dataclass(frozen=True)
@@ -83,11 +83,14 @@ def propagate(stack: Stack, backward: bool = True) -> Trace:
     q0, p0 = stack.embeddings.moments()
     q, p = np.asarray(q0, dtype=float), np.asarray(p0, dtype=float)
     blocks = stack.blocks
-    qs, ps, caches = [q], [p], []
+    qs, ps, caches, u = [q], [p], [], None
     with np.errstate(over="ignore", invalid="ignore"):
         for ops in blocks:
             q, p, cache = moments_forward(ops, q, p)
+            if backward:  # the norms' backward reads a token's mean-square spread (spread_forward)
+                u, cache = spread_forward(ops, u, cache)
             q, p = _clamp(q, p, 1.0 / HUGE)
+            u = clamp_spread(u, q)
             qs.append(q)
             ps.append(p)
             caches.append(cache)
@@ -113,6 +116,11 @@ def propagate(stack: Stack, backward: bool = True) -> Trace:
         att_q=att("q_in"), att_p=att("p_in"), beta=_stack([P.beta for P in stack.layers], shape),
         beta_c=att("beta_c"), y2=att("y2"), y3=att("y3"), y22=att("y22"), qk_share=att("qk_share"), caches=caches,
     )
+
+
+def clamp_spread(u, q):
+    """A spread u of a token's mean square into [0, q^2] (relative variance at most 1; nan: 0)."""
+    return None if u is None else np.where(u >= 0.0, np.minimum(u, q * q), 0.0)
 
 
 def _clamp(q, p, floor: float):

@@ -151,6 +151,19 @@ def moments_backward(ops, gq, gp, caches):
     return gq, gp
 
 
+def spread_forward(ops, u, caches) -> tuple[Any, list]:
+    """The variance u of a token's mean square between sequences through a block run by moments_forward or
+    distance_forward (from their caches): attention's rows and a finite-width MLP add to it, residual sums add it
+    up, a norm's backward reads it (its cache gains E[1 / (ms + eps)]); an operation without a `spread` drops it
+    (None: not tracked). The position-resolved engine carries it in its State (causal.State.u)."""
+    out = []
+    for op, c in zip(ops, caches):
+        f = getattr(op, "spread", None)
+        u, c = f(u, c) if f is not None else (None, c)
+        out.append(c)
+    return u, out
+
+
 def causal_forward(ops, G, S) -> tuple[Any, list]:
     caches = []
     for op in ops:
@@ -166,14 +179,21 @@ def _same_token_pairs(op, G, S):
     pairs' kernels; their backward then reads the rest's cache, the pairs' bulk); attention's rows weigh their keys
     alike whatever token the query holds (uniform rows), so such a pair's outputs overlap as the mean pair's."""
     if isinstance(op, (MLP, MoE)):
-        rest, c = op.causal(G, cz.State(S.qf, (S.P - S.w * S.R) / (1.0 - S.w)))
+        rest, c = op.causal(G, cz.State(S.qf, (S.P - S.w * S.R) / (1.0 - S.w), u=S.u))
         R = op.causal(G, cz.State(S.qf, S.R))[0].P
-        return cz.State(rest.qf, S.w * R + (1.0 - S.w) * rest.P, R, S.w), c
+        return cz.State(rest.qf, S.w * R + (1.0 - S.w) * rest.P, R, S.w, rest.u), c
     out, c = op.causal(G, S)
     if out.R is not None:  # attention: its own map of the pairs (where it has one, else its rows' mean pair's)
         return out, c
     R = out.P if isinstance(op, Attention) else op.causal(G, cz.State(S.qf, S.R))[0].P
-    return cz.State(out.qf, out.P, R, S.w), c
+    return cz.State(out.qf, out.P, R, S.w, out.u), c
+
+
+def _add_spread(a, u, b, v):
+    """a u + b v of two spreads (independent sums), None where neither is tracked."""
+    if u is None and v is None:
+        return None
+    return (0.0 if u is None else a * u) + (0.0 if v is None else b * v)
 
 
 def _token_share(G, S) -> float:
@@ -296,26 +316,40 @@ class Norm:
 
     def moments(self, q, p):
         """q <- g^2 q / (q + eps), p <- g^2 p / (q + eps) (001 sec. 4 'LayerNorm'; 004 A.6): the mean square over d
-        coordinates concentrates at q, so eps matters where a branch's output is as small as eps (OLMo 2 at init)."""
+        coordinates concentrates at q, so eps matters where a branch's output is as small as eps (OLMo 2 at init).
+        The cache: (q + eps) / g^2 and the backward's Jensen factor (1 until `spread` sets it)."""
         r = (q + self.eps) / self.gain**2
-        return q / r, p / r, r
+        return q / r, p / r, (r, 1.0)
 
-    def moments_backward(self, gq, gp, r):
-        """Divides by the input's (q + eps) / g^2 (004 A.6, Xu et al. eq. 17 at large d)."""
-        return gq / r, gp / r
+    def moments_backward(self, gq, gp, cache):
+        """Divides by the input's (q + eps) / g^2 (004 A.6, Xu et al. eq. 17 at large d), the gradient's q by
+        E[1 / (ms + eps)], j / (q + eps) (`spread`)."""
+        r, j = cache
+        return gq * j / r, gp / r
+
+    def spread(self, u, cache):
+        """A token's mean square ms varies between sequences by u (spread_forward): E[1 / (ms + eps)] = (1 + u / (q +
+        eps)^2) / (q + eps) to second order, where the backward divides (E[1/x] > 1/E[x]: the cache's factor j), and
+        the output g^2 ms / (ms + eps) keeps (g^2 eps / (q + eps)^2)^2 of u."""
+        r = cache[0]
+        if u is None:
+            return None, (r, 1.0)
+        qe = r * self.gain**2
+        return u * (self.gain**2 * self.eps / (qe * qe)) ** 2, (r, 1.0 + u / (qe * qe))
 
     def causal(self, G, S):
-        """Per position: g^2 C[m, n] / sqrt((q_m + eps) (q_n + eps))."""
+        """Per position: g^2 C[m, n] / sqrt((q_m + eps) (q_n + eps)); the spread as `spread`."""
         g2 = float(self.gain) ** 2
         r = S.qf + self.eps
         w = cz.gmean(G, 1.0 / np.sqrt(r))
-        return cz.State(g2 * S.qf / r, g2 * S.P * np.multiply.outer(w, w)), (r, w)
+        u, c = self.spread(S.u, (r / g2, 1.0))
+        return cz.State(g2 * S.qf / r, g2 * S.P * np.multiply.outer(w, w), u=u), (c, w)
 
     def causal_backward(self, G, S, cache):
-        """Per position: g^2 / (q_m + eps), as moments_backward."""
-        r, w = cache
+        """Per position: as moments_backward (its cache from `spread`), the pairs by the groups' mean 1/sqrt(q + eps)."""
+        c, w = cache
         g2 = float(self.gain) ** 2
-        return cz.State(g2 * S.qf / r, g2 * S.P * np.multiply.outer(w, w))
+        return cz.State(self.moments_backward(S.qf, 0.0, c)[0], g2 * S.P * np.multiply.outer(w, w))
 
     def draws(self):
         return ()
@@ -361,11 +395,15 @@ class Dropout:
     def moments_backward(self, gq, gp, cache):
         return gq / (1.0 - self.rate), gp
 
+    def spread(self, u, cache):
+        """A token's mean square scales by 1 / keep, its spread by 1 / keep^2."""
+        return (None if u is None else u / (1.0 - self.rate) ** 2), cache
+
     def causal(self, G, S):
         """Independent masks per position: only the diagonal grows."""
         if not self.rate:
             return S, None
-        return cz.State(S.qf / (1.0 - float(self.rate)), S.P), None
+        return cz.State(S.qf / (1.0 - float(self.rate)), S.P, u=self.spread(S.u, None)[0]), None
 
     def causal_backward(self, G, S, cache):
         return self.causal(G, S)[0]
@@ -424,6 +462,17 @@ class Residual:
         """The distance-resolved state (distances.py): the same sum, its branches run by distance_forward."""
         return self.moments(q, c, dz.distance_forward)
 
+    def spread(self, u, cache):
+        """skip^4 u plus each branch's spread times block^4 (independent terms of a token's mean square)."""
+        cs, caches = cache
+        us, cs = spread_forward(self.shared, u, cs)
+        out, new = None, []
+        for i, ((b, ops), c) in enumerate(zip(self.branches, caches)):
+            ub, c = spread_forward(ops, us, c)
+            new.append(c)
+            out = _add_spread(self.skip**4, u, b**4, ub) if i == 0 else _add_spread(1.0, out, b**4, ub)
+        return out, (cs, new)
+
     def distances_backward(self, gq, gp, cache):
         return self.moments_backward(gq, gp, cache, dz.distance_backward)
 
@@ -446,8 +495,9 @@ class Residual:
             caches.append(c)
             b2 = float(b) ** 2
             R = None if S.R is None else (s2 * S.R if i == 0 else out.R) + b2 * F.R
-            out = cz.State(s2 * S.qf + b2 * F.qf, s2 * S.P + b2 * F.P, R, S.w) if i == 0 else \
-                cz.State(out.qf + b2 * F.qf, out.P + b2 * F.P, R, S.w)
+            u = _add_spread(s2 * s2, S.u, b2 * b2, F.u) if i == 0 else _add_spread(1.0, out.u, b2 * b2, F.u)  # as spread
+            out = cz.State(s2 * S.qf + b2 * F.qf, s2 * S.P + b2 * F.P, R, S.w, u) if i == 0 else \
+                cz.State(out.qf + b2 * F.qf, out.P + b2 * F.P, R, S.w, u)
         return out, (cs, caches)
 
     def causal_backward(self, G, S, cache):
@@ -711,7 +761,8 @@ class Attention:
             out += g_v * U + b_v2
             diag += g_v * tot / (m * m) + b_v2
         e = P.repeat_rho if S.R is None else _token_share(G, S)
-        diag += self._repeats(bc, lnT, m, qbar, kbar, e)
+        rep = self._repeats(bc, lnT, m, qbar, kbar, e)
+        diag += rep
         R, gm, qg = None, cz.gmean(G, m), cz.gmean(G, qbar)  # each group at its mean row length
         if S.R is not None:  # two rows whose queries hold one token: their scores move together, as far as the
             turn = self._turn(np.subtract.outer(gm, gm), G.T)  # rotary embedding lets them (their distance)
@@ -721,7 +772,7 @@ class Attention:
                                                                        np.maximum.outer(gm, gm), 1.0)
         two = None if P.centered else self._two_rows(bc, lnT, m, qbar, kbar, e, gm)
         out, R = self._weigh_copies(two, qg, amax, e, out, R, None if R is None else rho_r)
-        O = self._output(diag, out, R, (G.single, G.single), S.w)
+        O = self._output(diag, out, R, (G.single, G.single), S.w, self._spread(ys, y2 * gap_v + rep, m, e, qbar, diag))
         qk = (lnT, m, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0), ys)
         return O, cz.AttentionRows(y2, bc, O.qf, qk, overlap=overlap, shared=shared,
                                    structure=(qf, Pm, qbar, kbar, pbar))
@@ -820,16 +871,50 @@ class Attention:
             R = R + extra + float(self.P.g_v) * e * qq2 * np.clip(rho_r, 0.0, 1.0) * x
         return out + extra, R
 
-    def _output(self, diag, out, R, own, w):
+    def _output(self, diag, out, R, own, w, u):
         """The branch output after W_O: per-row variance diag, pair overlaps out (and the same-token pairs' R, at
-        share w), each row's pair with itself (`own`) taken off."""
+        share w), each row's pair with itself (`own`) taken off; u its spread (_spread)."""
         P = self.P
         out[own] = 0.0
-        O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)))
+        O = cz.State(*linear(diag, out, float(P.g_o), float(P.b_o2)), u=u)
         if R is None:
             return O
         R[own] = 0.0
-        return cz.State(O.qf, O.P, linear(diag, R, float(P.g_o), float(P.b_o2))[1], w)
+        return cz.State(O.qf, O.P, linear(diag, R, float(P.g_o), float(P.b_o2))[1], w, u)
+
+    def _spread(self, ys, scored, m, e, qbar, diag):
+        """The variance of a token's output mean square between sequences (after W_O; `diag` its mean before), every
+        engine's: the part the scores weigh (`scored`: Y2 gap_v and the repeated keys' excess mass) varies with them
+        as the IPR Y2 does (relative variance E[Y2^2] / E[Y2]^2 - 1, softmax_rows), independently between heads
+        (1 / heads of it); the row's same-token key pairs N vary with the Zipf draws, each adding 2 g_v e qbar / m^2
+        (e: the token's share of q), alike in every head: Var N = C(m, 2) a (1 - a) + 6 C(m, 3) (b - a^2) for N =
+        sum_j C(n_j, 2) of m multinomial draws, a = sum p^2, b = sum p^3 (uniform rows); at finite width W_V's
+        quadratic form on an input of given norm adds 2 / (kv_heads d_head) of diag^2, and W_O's 2 / d. The keys'
+        own spread is left out (a row averages it)."""
+        P = self.P
+        y2, _, y22 = ys  # (Y2 >= 1 / m > 0)
+        u = np.maximum(y22 / (y2 * y2) - 1.0, 0.0) * scored * scored / max(int(P.heads), 1)
+        if P.repeat_vocab and e:
+            a = zipf_repeat_correlation(int(P.repeat_vocab))
+            b = a * query_token_share(int(P.repeat_vocab))
+            var_n = m * (m - 1.0) / 2.0 * a * (1.0 - a) + m * (m - 1.0) * (m - 2.0) * (b - a * a)
+            u = u + 4.0 * var_n / m**4 * (float(P.g_v) * e * qbar) ** 2
+        if P.d_model:
+            u = u + (2.0 / (P.kv_heads * P.d_head) + 2.0 / P.d_model) * diag * diag
+        return float(P.g_o) ** 2 * u
+
+    def spread(self, u, c):
+        """The pair and distance engines' spread (spread_forward): the rows' own (the distance state's forward keeps
+        its late rows'; ALiBi: the heads' mean), from the cache."""
+        if isinstance(c, dz.LateRows):
+            return c.spread, c
+        if c.heads:
+            return sum(w * h.spread(None, hc)[0] for h, hc, w in c.heads), c
+        P = self.P
+        q, p = c.q_in, c.p_in
+        qa = att.mix_forward(*linear(q, p, P.g_v, P.b_v2), c.mom)[0]
+        return self._spread((c.y2, c.y3, c.y22), c.y2 * P.g_v * np.maximum(q - p, 0.0), self._keys(P.seq_len),
+                            P.repeat_rho, q, qa), c
 
     def _turn(self, delta, T: int):
         """The rotary embedding's coherence of two queries |delta| < T positions apart (attention.rope_distances; 1
@@ -1025,7 +1110,8 @@ class Attention:
         out = (yp - shared) * gap_mn + (g_v * tot + b_v2 * np.multiply.outer(w, w)) / np.multiply.outer(w, w)
         diag = np.diag(out) + (y2 - 1.0 / w) * gap_v - (np.diag(yp) - 1.0 / w) * gap_v \
             + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
-        diag += self._repeats(bc, lnT, w, qbar, kbar)
+        rep = self._repeats(bc, lnT, w, qbar, kbar)
+        diag += rep
         R = None
         if S.R is not None:  # two rows whose queries hold one token, as causal()'s
             delta = np.subtract.outer(t, t)
@@ -1036,7 +1122,8 @@ class Attention:
                                                                   (np.abs(delta) < hi_w).astype(float))
         two = None if P.centered else self._two_rows(bc, lnT, w, qbar, kbar, P.repeat_rho, w)
         out, R = self._weigh_copies(two, qbar, shared, P.repeat_rho, out, R, None if R is None else rho_r)
-        O = self._output(diag, out, R, np.diag_indices(T), S.w)
+        e = P.repeat_rho if S.R is None else _token_share(G, S)
+        O = self._output(diag, out, R, np.diag_indices(T), S.w, self._spread(ys, y2 * gap_v + rep, w, e, qbar, diag))
         qk = (lnT, w, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0), ys)
         return O, cz.AttentionRows(y2, bc, O.qf, qk, overlap=yp / np.multiply.outer(sy, sy), keys=(lo, hi, w),
                                    shared=(yp - shared, shared * np.multiply.outer(w, w)))
@@ -1091,10 +1178,12 @@ class Attention:
         if two is not None:
             a, b, _ = (float(y[0, 0]) for y in two)
             out += g_v * (q * a * shared + P.repeat_rho * q * b)
-        qo, po = linear(float(var[np.argmax(w)]), out, float(P.g_o), float(P.b_o2))
+        late = float(var[np.argmax(w)])
+        qo, po = linear(late, out, float(P.g_o), float(P.b_o2))
         qk = (lnT, float(n), qq, q - kbar[-1], kbar[-1] + qb, g_v * max(q - pbar[-1], 0.0), tuple(y[-1] for y in ys))
+        u = self._spread(qk[6], qk[6][0] * qk[5], float(n), P.repeat_rho, q, late)
         return qo, po, dz.LateRows(y2[at], bc[at], linear(var, 0.0, float(P.g_o), float(P.b_o2))[0], n, n < T,
-                                   float(y2[-1]), float(bc[-1]), yp - shared, yp / y2[-1], qk)
+                                   float(y2[-1]), float(bc[-1]), yp - shared, yp / y2[-1], qk, spread=u)
 
     def distances_backward(self, gq, gp, rows):
         """causal_backward's window branch on the distance-resolved state: every late key is read by n late rows
@@ -1393,7 +1482,37 @@ class MLP:
         out = kd, ko
         if P.activation in GATED:
             out = kd * C1.qf, ko * C1.P
-        return cz.State(*linear(*out, float(P.g_2), float(P.b_22))), (C1, kd, ko)
+        O = cz.State(*linear(*out, float(P.g_2), float(P.b_22)))
+        if not P.d_ff:
+            return O, (C1, kd, ko)
+        rel = None if S.u is None else S.u / (S.qf * S.qf)  # (q > 0: floored at 1 / HUGE)
+        qg = cz.gmean(G, C1.qf)  # per group: the spread's law at its mean q (positions of a group alike)
+        a, b = (x[G.gid] for x in self._unit_spread(qg))
+        return replace(O, u=a + (0.0 if rel is None else b * rel)), (C1, kd, ko)
+
+    def _unit_spread(self, q1):
+        """(a, b): the variance of a token's output mean square between sequences is a + b (u / q^2) for an input of
+        spread u, every engine's: at finite width the d_ff units' squares average with relative variance Var f /
+        (d_ff (E f)^2) (on a normalised input the units' cross terms cancel to leading order) and W_2 adds 2 / d; the
+        input's relative spread passes with the kernel's elasticity squared (kernels.square_spread at the hidden
+        units' q1)."""
+        P = self.P
+        m1, vf, e = kernels.square_spread(GATED.get(P.activation, P.activation), q1, P.activation in GATED)
+        out2 = (float(P.g_2) * m1) ** 2
+        return out2 * (vf / P.d_ff + (2.0 / P.d_model if P.d_model else 0.0)), out2 * e * e
+
+    def spread(self, u, cache):
+        """The pair and distance engines' spread (spread_forward), from the cache's hidden q1 (None at infinite
+        width: d_ff unset)."""
+        P = self.P
+        if not P.d_ff:
+            return None, cache
+        q1 = np.asarray(cache[0], dtype=float)
+        a, b = self._unit_spread(q1)
+        if u is None or not float(P.g_1):
+            return a, cache
+        q = (q1 - float(P.b_12)) / float(P.g_1)  # the input's q (> 0: the engines floor it at 1 / HUGE)
+        return a + b * u / (q * q), cache
 
     def causal_backward(self, G, S, cache):
         """As moments_backward per position (g_m by E phi'^2 at q1_m) and per group pair (E phi' phi' at the groups'
@@ -1664,6 +1783,7 @@ def zipf_ids(vocab: int, shape: tuple[int, ...], rng: np.random.Generator) -> np
     return np.minimum(ids, vocab - 1)
 
 
+@lru_cache(maxsize=16)
 def zipf_repeat_correlation(vocab: int) -> float:
     """Probability that two positions hold the same word, tokens i.i.d. Zipf: sum_i p_i^2, p_i = c / i.
 

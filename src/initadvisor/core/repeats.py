@@ -138,6 +138,7 @@ def at_lengths(rows, lengths: np.ndarray, table: np.ndarray) -> np.ndarray:
     return np.where((x < xp[0]).reshape(t.shape), 1.0, out)
 
 
+@lru_cache(maxsize=16)
 def query_token_share(vocab: int) -> float:
     """sum p^3 / sum p^2: the probability of a token at a random position, for the token two positions that hold one
     token share (size-biased to the Zipf head); a bin's sum p^3 as (sum p^2)^2 / sum p (exact for the head's single
