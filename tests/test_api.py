@@ -114,6 +114,20 @@ def test_import_initadvisor_is_cheap():
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
 
 
+def test_check_of_a_shipped_spec_imports_no_scipy():
+    """`check --format json` on every shipped spec, as a command: scipy (about 150 ms, more than the engine's run on
+    GPT-2 small) is never imported; a GeLU's quadrature once pulled it in for scipy.special.erf and doubled the
+    start-up (benchmarks/startup.py: 1.7x -> 3.5x numpy's import)."""
+    import subprocess
+
+    code = ("import runpy, sys; sys.argv = ['initadvisor', 'check', sys.argv[1], '--format', 'json']\n"
+            "try:\n    runpy.run_module('initadvisor', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "bad = [m for m in ('scipy', 'torch', 'transformers') if m in sys.modules]; assert not bad, bad")
+    for path in sorted((ROOT / "model_specs").glob("*.yaml")):
+        r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
+        assert r.returncode == 0, (path.name, r.stderr[-500:])
+
+
 def readme_python(*sections: str) -> list[str]:
     """The ```python blocks of the README's sections with these headings, in order."""
     import re

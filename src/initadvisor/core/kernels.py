@@ -69,6 +69,10 @@ def _sigmoid(x):
     return 0.5 * (1.0 + np.tanh(0.5 * x))  # no overflow for any x
 
 
+def _gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
 PHI = {
     "tanh": (np.tanh, lambda x: 1 - np.tanh(x) ** 2),
     "silu": (lambda x: x * _sigmoid(x), lambda x: _sigmoid(x) * (1 + x * (1 - _sigmoid(x)))),
@@ -162,7 +166,7 @@ def _square_spread(act: str, q, gated: bool, n: int):
     q = np.asarray(q, dtype=float)
     s = np.sqrt(q)[..., None]
     phi = (lambda x: np.maximum(x, 0.0)) if act == "relu" else (lambda x: x) if act == "linear" else \
-        PHI["gelu" if act in ("gelu", "gelu_tanh") else act][0]
+        _gelu_tanh if act in ("gelu", "gelu_tanh") else PHI[act][0]  # (GeLU's tanh form: no scipy at start-up)
     f = phi(s * z) ** 2
     m1, m2, h2 = f @ w, (f * f) @ w, (f * (z * z - 1.0)) @ w
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -120,7 +120,12 @@ def propagate(stack: Stack, backward: bool = True) -> Trace:
 
 def clamp_spread(u, q):
     """A spread u of a token's mean square into [0, q^2] (relative variance at most 1; nan: 0)."""
-    return None if u is None else np.where(u >= 0.0, np.minimum(u, q * q), 0.0)
+    if u is None:
+        return None
+    if np.ndim(u) == 0 and np.ndim(q) == 0:  # the scalar pass: floats
+        u, qq = float(u), float(q) * float(q)
+        return min(u, qq) if u >= 0.0 else 0.0
+    return np.where(u >= 0.0, np.minimum(u, q * q), 0.0)
 
 
 def _clamp(q, p, floor: float):

@@ -566,6 +566,7 @@ class AttentionCache:
     kp: object  # the keys' common part as one row sees them (kappa p): the query/key path's (Attention._qk_gain)
     qk_share: object = 0.0  # set by the backward: the share of the gradient's q at the input through that path
     heads: tuple = ()  # ALiBi: per distinct head, (its window-equivalent operation, its cache, its share of the heads)
+    qa: object = None  # the mixed values' q before W_O (the spread's finite-width term reads it)
 
 
 @dataclass(frozen=True)
@@ -606,7 +607,7 @@ class Attention:
         qv, pv = linear(q, p, P.g_v, P.b_v2)
         qa, pa = att.mix_forward(qv, pv, mom)
         qo, po = linear(qa, pa, P.g_o, P.b_o2)
-        return qo, po, AttentionCache(q, p, bc, y2, yp, y3, y22, mom, mom_b, kap * p)
+        return qo, po, AttentionCache(q, p, bc, y2, yp, y3, y22, mom, mom_b, kap * p, qa=qa)
 
     @cached_property
     def _alibi_heads(self) -> list:
@@ -891,17 +892,23 @@ class Attention:
         sum_j C(n_j, 2) of m multinomial draws, a = sum p^2, b = sum p^3 (uniform rows); at finite width W_V's
         quadratic form on an input of given norm adds 2 / (kv_heads d_head) of diag^2, and W_O's 2 / d. The keys'
         own spread is left out (a row averages it)."""
-        P = self.P
+        heads, (a, b), width, g_v, g_o2 = self._spread_constants
         y2, _, y22 = ys  # (Y2 >= 1 / m > 0)
-        u = np.maximum(y22 / (y2 * y2) - 1.0, 0.0) * scored * scored / max(int(P.heads), 1)
-        if P.repeat_vocab and e:
-            a = zipf_repeat_correlation(int(P.repeat_vocab))
-            b = a * query_token_share(int(P.repeat_vocab))
+        u = np.maximum(y22 / (y2 * y2) - 1.0, 0.0) * scored * scored / heads + width * diag * diag
+        if a and e:
             var_n = m * (m - 1.0) / 2.0 * a * (1.0 - a) + m * (m - 1.0) * (m - 2.0) * (b - a * a)
-            u = u + 4.0 * var_n / m**4 * (float(P.g_v) * e * qbar) ** 2
-        if P.d_model:
-            u = u + (2.0 / (P.kv_heads * P.d_head) + 2.0 / P.d_model) * diag * diag
-        return float(P.g_o) ** 2 * u
+            u = u + 4.0 * var_n / m**4 * (g_v * e * qbar) ** 2
+        return g_o2 * u
+
+    @cached_property
+    def _spread_constants(self) -> tuple:
+        """_spread's numbers of this operation: heads, the Zipf law's (sum p^2, sum p^3) (0 without repeats), the
+        finite-width share, g_V and g_O^2 (once per operation: a deep stack's layers share them)."""
+        P = self.P
+        V = int(P.repeat_vocab)
+        a = zipf_repeat_correlation(V) if V else 0.0
+        width = 2.0 / (P.kv_heads * P.d_head) + 2.0 / P.d_model if P.d_model else 0.0
+        return max(int(P.heads), 1), (a, a * query_token_share(V) if V else 0.0), width, float(P.g_v), float(P.g_o) ** 2
 
     def spread(self, u, c):
         """The pair and distance engines' spread (spread_forward): the rows' own (the distance state's forward keeps
@@ -912,9 +919,8 @@ class Attention:
             return sum(w * h.spread(None, hc)[0] for h, hc, w in c.heads), c
         P = self.P
         q, p = c.q_in, c.p_in
-        qa = att.mix_forward(*linear(q, p, P.g_v, P.b_v2), c.mom)[0]
         return self._spread((c.y2, c.y3, c.y22), c.y2 * P.g_v * np.maximum(q - p, 0.0), self._keys(P.seq_len),
-                            P.repeat_rho, q, qa), c
+                            P.repeat_rho, q, c.qa), c
 
     def _turn(self, delta, T: int):
         """The rotary embedding's coherence of two queries |delta| < T positions apart (attention.rope_distances; 1
