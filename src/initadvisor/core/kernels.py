@@ -153,7 +153,13 @@ def square_spread(act: str, q, gated: bool = False, n: int = 48):
     share it)."""
     if np.ndim(q) == 0:
         return _square_spread_at(act, float(q), gated, n)
-    return _square_spread(act, q, gated, n)
+    q = np.asarray(q, dtype=float)
+    _, first, inv = np.unique(np.round(np.log(np.maximum(q, 1e-300)).ravel() * 1e6), return_index=True,
+                              return_inverse=True)  # behind a norm every position has one q (to 1 part in 1e6)
+    if first.size > 8:  # positions of their own q (no norm before): one quadrature over all of them
+        return _square_spread(act, q, gated, n)
+    at = np.array([_square_spread_at(act, float(x), gated, n) for x in q.ravel()[first]])
+    return tuple(at[inv, k].reshape(q.shape) for k in range(3))
 
 
 @lru_cache(maxsize=256)
