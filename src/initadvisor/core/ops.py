@@ -463,15 +463,18 @@ class Residual:
         return self.moments(q, c, dz.distance_forward)
 
     def spread(self, u, cache):
-        """skip^4 u plus each branch's spread times block^4 (independent terms of a token's mean square)."""
+        """The pair and distance engines' spread (spread_forward): _sum_spread of the branches' own."""
         cs, caches = cache
         us, cs = spread_forward(self.shared, u, cs)
-        out, new = None, []
-        for i, ((b, ops), c) in enumerate(zip(self.branches, caches)):
-            ub, c = spread_forward(ops, us, c)
-            new.append(c)
-            out = _add_spread(self.skip**4, u, b**4, ub) if i == 0 else _add_spread(1.0, out, b**4, ub)
-        return out, (cs, new)
+        runs = [spread_forward(ops, us, c) for (_, ops), c in zip(self.branches, caches)]
+        return self._sum_spread(u, [ub for ub, _ in runs]), (cs, [c for _, c in runs])
+
+    def _sum_spread(self, u, branches):
+        """skip^4 u plus each branch's spread times block^4 (independent terms of a token's mean square)."""
+        out = _add_spread(self.skip**4, u, 0.0, None)  # (arrays on a grid)
+        for (b, _), ub in zip(self.branches, branches):
+            out = _add_spread(1.0, out, b**4, ub)
+        return out
 
     def distances_backward(self, gq, gp, cache):
         return self.moments_backward(gq, gp, cache, dz.distance_backward)
@@ -488,17 +491,17 @@ class Residual:
 
     def causal(self, G, S):
         Sn, cs = causal_forward(self.shared, G, S)
-        out, caches = S, []
+        out, caches, spreads = S, [], []
         s2 = float(self.skip) ** 2
         for i, (b, ops) in enumerate(self.branches):
             F, c = causal_forward(ops, G, Sn)
             caches.append(c)
             b2 = float(b) ** 2
             R = None if S.R is None else (s2 * S.R if i == 0 else out.R) + b2 * F.R
-            u = _add_spread(s2 * s2, S.u, b2 * b2, F.u) if i == 0 else _add_spread(1.0, out.u, b2 * b2, F.u)  # as spread
-            out = cz.State(s2 * S.qf + b2 * F.qf, s2 * S.P + b2 * F.P, R, S.w, u) if i == 0 else \
-                cz.State(out.qf + b2 * F.qf, out.P + b2 * F.P, R, S.w, u)
-        return out, (cs, caches)
+            spreads.append(F.u)
+            out = cz.State(s2 * S.qf + b2 * F.qf, s2 * S.P + b2 * F.P, R, S.w) if i == 0 else \
+                cz.State(out.qf + b2 * F.qf, out.P + b2 * F.P, R, S.w)
+        return replace(out, u=self._sum_spread(S.u, spreads)), (cs, caches)
 
     def causal_backward(self, G, S, cache):
         cs, caches = cache
