@@ -580,6 +580,39 @@ def test_window_fallback_carries_the_query_key_path(monkeypatch):
     assert np.all(np.abs(ratio - 1) < 0.05), ratio
 
 
+@pytest.mark.parametrize("window", [None, 24])
+def test_backward_keeping_every_cache_equals_running_the_forward_again(window, monkeypatch):
+    """The position-resolved backward keeps every block's forward caches while they fit in causal._KEEP_CELLS, else
+    runs each segment's forward again; both give one gradient (SwiGLU: at full resolution, windowed rows, the MLP
+    does not keep its output kernel and the backward computes it again; on position groups it keeps it)."""
+    import initadvisor.core.causal as cz
+
+    model = {"layers": 6, "d_model": 128, "heads": 4, "d_ff": 344, "norm": "pre", "norm_type": "rmsnorm",
+             "activation": "swiglu", "causal": True, "rope_theta": 1e4}
+    spec = build_spec({"model": {**model, **({"sliding_window": window} if window else {})},
+                       "sequence": {"length": 96, "vocab": 500, "embeddings": ["token"]}, "init": {"std": 0.05}})
+    from initadvisor.core.model import propagate_causal
+
+    kept = propagate_causal(from_spec(spec), backward=True)
+    monkeypatch.setattr(cz, "_KEEP_CELLS", 0)
+    again = propagate_causal(from_spec(spec), backward=True)
+    assert kept.grad_q is not None
+    np.testing.assert_allclose(again.grad_q, kept.grad_q, rtol=1e-12)
+    np.testing.assert_allclose(again.grad_p, kept.grad_p, rtol=1e-12, atol=1e-300)
+    from initadvisor.core.ops import MLP
+
+    mlp = next(op for op in leaves(from_spec(spec).blocks[0]) if isinstance(op, MLP))
+    G = cz._grid(96, 8, 1.1)
+    S = cz.input_state(G, 1.0, 0.3)
+    _, (C1, kd, ko) = mlp.causal(G, S)
+    assert ko is not None  # position groups keep the output kernel; the backward's own is the same one
+    D = cz.State(np.linspace(1.0, 2.0, 96), np.full((len(G.n), len(G.n)), 0.1))
+    for a, b in zip(mlp.causal_backward(G, D, (C1, kd, None)).__dict__.values(),
+                    mlp.causal_backward(G, D, (C1, kd, ko)).__dict__.values()):
+        if isinstance(a, np.ndarray):
+            np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
 def test_window_query_key_path_only_where_the_window_bites():
     """The late-token query/key path of a causal window is on where the window is shorter than T, off where it covers
     the sequence: there the stack is causal attention over all keys, gradient for gradient (their path is the

@@ -89,7 +89,7 @@ _RATIO = 1.1  # then each group ends at about _RATIO x the previous edge (K = 78
 # 35-40% longer and moved rho, q and the gradient by at most 2.5e-3 relative, 5e-5 typically: against the full T x T
 # resolution, 1.3e-5 / 4.8e-5 (1.05 / 1.1) for GPT-2 small, 1.2e-3 / 2.5e-3 for OLMo 2 at T 2048, 1.7e-4 / 6.3e-4
 # for a 24-layer rotary SwiGLU stack at T 4096)
-_KEEP_CELLS = 2 * 10**7  # the backward keeps every block's forward caches up to this many numbers (160 MB)
+_KEEP_CELLS = 4 * 10**7  # the backward keeps every block's forward caches up to this many numbers (320 MB)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -496,9 +496,10 @@ def propagate_overlaps(blocks: Sequence[tuple], q0: float, p0: float, T: int, ke
             S, caches = causal_forward(blocks[k], G, S)
         return _clamp(G, S), caches
 
-    # the backward needs every block's caches (about 4 K^2 + 12 T numbers): kept when small, else the forward
-    # keeps the state entering every stride-th block and runs each segment again (one more forward pass)
-    stride = L if L * (12 * T + 4 * K * K) <= _KEEP_CELLS else max(1, math.isqrt(L))
+    # the backward needs every block's caches (about 4 K^2 + 12 T numbers; 2 K^2 at full resolution, whose rows keep
+    # their overlap alone): kept when small, else the forward keeps the state entering every stride-th block and runs
+    # each segment again (one more forward pass)
+    stride = L if L * (12 * T + (2 if K == T else 4) * K * K) <= _KEEP_CELLS else max(1, math.isqrt(L))
     kept, starts = [], {}
     record(0, S)
     for k in range(L):

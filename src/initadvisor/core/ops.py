@@ -986,8 +986,12 @@ class Attention:
             with np.errstate(invalid="ignore", divide="ignore"):
                 kd, kp = cz.row_sums(G, ek / m, np.where(m > 1, -ek / (m * (m - 1.0)), 0.0))
         else:  # windows and bidirectional rows, position by position
-            w, hc = rows.keys[2], h
-            B = cz.mix_backward_window(cz.State(g, Pg), rows.y2, drop, *rows.keys, rows.shared)
+            lo, hi, w = rows.keys
+            hc = h
+            n = np.maximum(np.minimum.outer(hi, hi) - np.maximum.outer(lo, lo) + 1, 0).astype(float)  # keys shared
+            sy = np.sqrt(rows.y2)
+            fl = rows.overlap * np.multiply.outer(sy, sy) - n / np.multiply.outer(w, w)  # Yp beyond uniform rows'
+            B = cz.mix_backward_window(cz.State(g, Pg), rows.y2, drop, *rows.keys, (fl, n))
             cols = cz.mix_backward_window(cz.State(0.0 * g, Pg * np.multiply.outer(hc, hc) * rows.overlap), rows.y2,
                                           drop, *rows.keys).qf
             with np.errstate(invalid="ignore", divide="ignore"):
@@ -1134,8 +1138,7 @@ class Attention:
         e = P.repeat_rho if S.R is None else _token_share(G, S)
         O = self._output(diag, out, R, np.diag_indices(T), S.w, self._spread(ys, y2 * gap_v + rep, w, e, qbar, diag))
         qk = (lnT, w, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0), ys)
-        return O, cz.AttentionRows(y2, bc, O.qf, qk, overlap=yp / np.multiply.outer(sy, sy), keys=(lo, hi, w),
-                                   shared=(yp - shared, shared * np.multiply.outer(w, w)))
+        return O, cz.AttentionRows(y2, bc, O.qf, qk, overlap=yp / np.multiply.outer(sy, sy), keys=(lo, hi, w))
 
     def distances(self, q, c):
         """Late rows on the distance-resolved state (distances.py): _causal_window's terms with C[m, n] = c(|m - n|).
@@ -1492,12 +1495,13 @@ class MLP:
         if P.activation in GATED:
             out = kd * C1.qf, ko * C1.P
         O = cz.State(*linear(*out, float(P.g_2), float(P.b_22)))
+        cache = C1, kd, None if len(G.n) == G.T else ko  # (at full resolution the backward computes ko again)
         if not P.d_ff:
-            return O, (C1, kd, ko)
+            return O, cache
         rel = None if S.u is None else S.u / (S.qf * S.qf)  # (q > 0: floored at 1 / HUGE)
         qg = cz.gmean(G, C1.qf)  # per group: the spread's law at its mean q (positions of a group alike)
         a, b = (x[G.gid] for x in self._unit_spread(qg))
-        return replace(O, u=a + (0.0 if rel is None else b * rel)), (C1, kd, ko)
+        return replace(O, u=a + (0.0 if rel is None else b * rel)), cache
 
     def _unit_spread(self, q1):
         """(a, b): the variance of a token's output mean square between sequences is a + b (u / q^2) for an input of
@@ -1525,12 +1529,14 @@ class MLP:
 
     def causal_backward(self, G, S, cache):
         """As moments_backward per position (g_m by E phi'^2 at q1_m) and per group pair (E phi' phi' at the groups'
-        mean q1 and their overlap)."""
+        mean q1 and their overlap); at full resolution a gated unit's output kernel again (not kept there: a T x T
+        array a block would make a long stack's backward run its forward twice)."""
         P = self.P
         C1, kd, ko = cache
         dd = cz.self_dkernel(P.activation, C1.qf)
         do = cz.cross_dkernel(P.activation, cz.gmean(G, C1.qf), C1.P)
         if P.activation in GATED:  # gate path + up path
+            ko = cz.cross_kernel(P.activation, cz.gmean(G, C1.qf), C1.P) if ko is None else ko
             dd, do = dd * C1.qf + kd, do * C1.P + ko
         gain = float(P.g_1b) * float(P.g_2b)
         return cz.State(gain * dd * S.qf, gain * do * S.P)
