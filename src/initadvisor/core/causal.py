@@ -308,16 +308,16 @@ def _series_pair(f, a: np.ndarray, C: np.ndarray, K: int = 40) -> np.ndarray:
     """E[f(u) f(v)] by Mehler's formula: sum_k h_k(a) h_k(b) r^k, plus the truncation tail
     sqrt(t_a t_b) r^(K+1) with t_a = E f^2 - sum_k h_k(a)^2 (a: the variances of rows and columns alike)."""
     h, ef2, tail = _series_coeffs(f, a, K)
-    big = np.nonzero(np.max(h * h, axis=0) > 1e-15 * max(float(np.max(ef2)), 1e-300))[0]
-    K = int(big[-1]) if len(big) else 0  # the tail term carries the (negligible) rest
-    tail = np.maximum(ef2 - (h[:, :K + 1] ** 2).sum(1), 0.0)
+    big = np.nonzero(np.max(h * h, axis=0) > 1e-10 * max(float(np.max(ef2)), 1e-300))[0]
+    K = int(big[-1]) if len(big) else 0  # the tail term carries the rest (below 1e-10 of E f^2)
+    tail = np.sqrt(np.maximum(ef2 - (h[:, :K + 1] ** 2).sum(1), 0.0))
     s = np.sqrt(a)
     r = np.clip(C / np.multiply.outer(s, s), -1.0, 1.0)
-    out = np.broadcast_to(np.multiply.outer(h[:, K], h[:, K]), r.shape).copy()  # (C may be one row's: 1 x n)
-    for k in range(K - 1, -1, -1):  # Horner in r
+    out = np.broadcast_to(np.multiply.outer(tail, tail), r.shape).copy()  # (C may be one row's: 1 x n)
+    term = np.empty((a.size, a.size))
+    for k in range(K, -1, -1):  # Horner in r from the tail's r^(K+1)
         out *= r
-        out += np.multiply.outer(h[:, k], h[:, k])
-    out += r ** (K + 1) * np.sqrt(np.multiply.outer(tail, tail))
+        out += np.multiply.outer(h[:, k], h[:, k], out=term)
     return out
 
 
