@@ -666,6 +666,25 @@ def window_sums(f_diag: np.ndarray, f_pair: np.ndarray, lo: np.ndarray, hi: np.n
     return c1[b + 1] - c1[a], out
 
 
+def _reader_box(P: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The 2-D prefix sums of P_tt' / (w_t w_t') with its diagonal (t = t') out: a box over two keys' readers sums
+    the cross-row part of the rows' transpose."""
+    Pt = P / np.multiply.outer(w, w)
+    np.fill_diagonal(Pt, 0.0)
+    T = len(w)
+    box = np.zeros((T + 1, T + 1))
+    np.cumsum(np.cumsum(Pt, axis=0), axis=1, out=box[1:, 1:])
+    return box
+
+
+def window_column_sums(P: np.ndarray, lo: np.ndarray, hi: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Per key s, the sum over its readers t != t' of P_tt' / (w_t w_t'): mix_backward_window's cross-row part on the
+    diagonal alone (one box a key, no T x T gathers)."""
+    box = _reader_box(P, w)
+    a, b = readers(lo, hi)
+    return box[b + 1, b + 1] - box[a, b + 1] - box[b + 1, a] + box[a, a]
+
+
 def mix_backward_window(S: State, y2: np.ndarray, drop: float, lo: np.ndarray, hi: np.ndarray,
                         w: np.ndarray, shared=None) -> State:
     """mix_backward_rows at full resolution for rows over key intervals (row t: keys lo_t..hi_t, w_t of them):
@@ -675,11 +694,7 @@ def mix_backward_window(S: State, y2: np.ndarray, drop: float, lo: np.ndarray, h
     g = S.qf
     with np.errstate(invalid="ignore", divide="ignore"):
         diag, out = window_sums(d * g / w, np.where(w > 1, (s2 - d) * g / (w * (w - 1.0)), 0.0), lo, hi)
-    Pt = S.P / np.multiply.outer(w, w)
-    np.fill_diagonal(Pt, 0.0)
-    T = len(w)
-    box = np.zeros((T + 1, T + 1))
-    np.cumsum(np.cumsum(Pt, axis=0), axis=1, out=box[1:, 1:])
+    box = _reader_box(S.P, w)
     a, b = readers(lo, hi)
     X = box[b + 1][:, b + 1] - box[a][:, b + 1] - box[b + 1][:, a] + box[a][:, a]
     diag = diag + np.diag(X)

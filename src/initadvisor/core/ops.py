@@ -992,8 +992,7 @@ class Attention:
             sy = np.sqrt(rows.y2)
             fl = rows.overlap * np.multiply.outer(sy, sy) - n / np.multiply.outer(w, w)  # Yp beyond uniform rows'
             B = cz.mix_backward_window(cz.State(g, Pg), rows.y2, drop, *rows.keys, (fl, n))
-            cols = cz.mix_backward_window(cz.State(0.0 * g, Pg * np.multiply.outer(hc, hc) * rows.overlap), rows.y2,
-                                          drop, *rows.keys).qf
+            cols = cz.window_column_sums(Pg * np.multiply.outer(hc, hc) * rows.overlap, *rows.keys)
             with np.errstate(invalid="ignore", divide="ignore"):
                 kd, kp = cz.window_sums(ek / w, np.where(w > 1, -ek / (w * (w - 1.0)), 0.0), *rows.keys[:2])
         if rows.structure is not None and e.sum() > 1e-5 * g_v * B.qf.sum():  # the query half over the keys' structure
