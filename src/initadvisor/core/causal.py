@@ -462,6 +462,17 @@ def input_state(G: _Grid, q0: float, p0: float, repeats: tuple[float, float] = (
     return State(np.full(G.T, float(q0)), overlaps(p0), overlaps(r0) if 0 < w < 1 else None, float(w))
 
 
+def _cells(cache) -> int:
+    """The numbers a block's forward caches hold (arrays inside tuples, lists and dataclasses)."""
+    if isinstance(cache, np.ndarray):
+        return cache.size
+    if isinstance(cache, (tuple, list)):
+        return sum(_cells(c) for c in cache)
+    if hasattr(cache, "__dataclass_fields__"):
+        return sum(_cells(getattr(cache, f)) for f in cache.__dataclass_fields__)
+    return 0
+
+
 def propagate_overlaps(blocks: Sequence[tuple], q0: float, p0: float, T: int, keep_overlap: bool = False,
                        single: int = _SINGLE, ratio: float = _RATIO, backward: bool = False,
                        repeats: tuple[float, float] = (0.0, 0.0)) -> CausalTrace:
@@ -496,16 +507,16 @@ def propagate_overlaps(blocks: Sequence[tuple], q0: float, p0: float, T: int, ke
             S, caches = causal_forward(blocks[k], G, S)
         return _clamp(G, S), caches
 
-    # the backward needs every block's caches (about 4 K^2 + 12 T numbers; 2 K^2 at full resolution, whose rows keep
-    # their overlap alone): kept when small, else the forward keeps the state entering every stride-th block and runs
-    # each segment again (one more forward pass)
-    stride = L if L * (12 * T + (2 if K == T else 4) * K * K) <= _KEEP_CELLS else max(1, math.isqrt(L))
-    kept, starts = [], {}
+    # the backward needs every block's caches: kept when the first block's, L times over, fit in _KEEP_CELLS, else the
+    # forward keeps the state entering every stride-th block and runs each segment again (one more forward pass)
+    stride, kept, starts = L, [], {}
     record(0, S)
     for k in range(L):
         if backward and k % stride == 0:
             starts[k] = S
         S, caches = step(k, S)
+        if backward and k == 0 and L * _cells(caches) > _KEEP_CELLS:
+            stride = max(1, math.isqrt(L))
         record(k + 1, S)
         rows = find(blocks[k], caches, Attention)
         y2[k], bcs[k] = rows.y2, rows.beta_c
