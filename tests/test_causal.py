@@ -593,9 +593,18 @@ def test_backward_keeping_every_cache_equals_running_the_forward_again(window, m
                        "sequence": {"length": 96, "vocab": 500, "embeddings": ["token"]}, "init": {"std": 0.05}})
     from initadvisor.core.model import propagate_causal
 
+    import initadvisor.core.ops as ops
+
+    runs = []
+    forward = ops.causal_forward
+    monkeypatch.setattr(ops, "causal_forward", lambda *a: runs.append(1) or forward(*a))
+    propagate_causal(from_spec(spec))
+    one_pass = len(runs)  # the forward's calls (blocks and their branches)
     kept = propagate_causal(from_spec(spec), backward=True)
+    assert len(runs) == 2 * one_pass  # within the budget every block's forward runs once
     monkeypatch.setattr(cz, "_KEEP_CELLS", 0)
     again = propagate_causal(from_spec(spec), backward=True)
+    assert len(runs) == 4 * one_pass  # beyond it (the first block's caches measured) the forward runs twice
     assert kept.grad_q is not None
     np.testing.assert_allclose(again.grad_q, kept.grad_q, rtol=1e-12)
     np.testing.assert_allclose(again.grad_p, kept.grad_p, rtol=1e-12, atol=1e-300)
