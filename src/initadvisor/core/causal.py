@@ -665,6 +665,11 @@ def readers(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.searchsorted(hi, s, side="left"), np.searchsorted(lo, s, side="right") - 1
 
 
+def shared_keys(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """|K_m & K_n|: the keys two rows over the intervals [lo_m, hi_m] and [lo_n, hi_n] share."""
+    return np.maximum(np.minimum.outer(hi, hi) - np.maximum.outer(lo, lo) + 1, 0).astype(float)
+
+
 def window_sums(f_diag: np.ndarray, f_pair: np.ndarray, lo: np.ndarray, hi: np.ndarray):
     """row_sums at full resolution for rows over key intervals: per key sum over its readers of f_diag, per key
     pair (s != s') the sum over their common readers of f_pair."""

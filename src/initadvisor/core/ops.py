@@ -988,7 +988,7 @@ class Attention:
         else:  # windows and bidirectional rows, position by position
             lo, hi, w = rows.keys
             hc = h
-            n = np.maximum(np.minimum.outer(hi, hi) - np.maximum.outer(lo, lo) + 1, 0).astype(float)  # keys shared
+            n = cz.shared_keys(lo, hi)
             sy = np.sqrt(rows.y2)
             fl = rows.overlap * np.multiply.outer(sy, sy) - n / np.multiply.outer(w, w)  # Yp beyond uniform rows'
             B = cz.mix_backward_window(cz.State(g, Pg), rows.y2, drop, *rows.keys, (fl, n))
@@ -1114,7 +1114,7 @@ class Attention:
         g_v, b_v2 = float(P.g_v), float(P.b_v2)
         gap_v = g_v * np.maximum(qbar - pbar, 0.0)  # values are not turned
         keep = 1.0 - float(P.attn_dropout)
-        shared = np.maximum(np.minimum.outer(hi, hi) - np.maximum.outer(lo, lo) + 1, 0) / np.multiply.outer(w, w)
+        shared = cz.shared_keys(lo, hi) / np.multiply.outer(w, w)
         rho_q = (S.P + qb) / np.sqrt(np.multiply.outer(qq, qq))
         sv, sy = np.sqrt(v), np.sqrt(y2)
         yp = np.minimum(np.exp(rho_q * np.multiply.outer(sv, sv)) * shared, np.multiply.outer(sy, sy))
