@@ -28,15 +28,26 @@ init: {{std: 0.02}}
 """
 
 
+def counts(text: str) -> list[int]:
+    """An argparse type: comma-separated whole numbers of at least 1 (8,18)."""
+    try:
+        out = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected numbers of at least 1, got {text!r}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layers", default="8,18")
-    ap.add_argument("--seq-len", type=int, default=1024)
-    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--layers", type=counts, default=[8, 18])
+    ap.add_argument("--seq-len", type=lambda x: counts(x)[0], default=1024)
+    ap.add_argument("--repeat", type=lambda x: counts(x)[0], default=1)
     args = ap.parse_args()
     T = args.seq_len
     with tempfile.TemporaryDirectory() as tmp:
-        for layers in (int(x) for x in args.layers.split(",")):
+        for layers in args.layers:
             path = Path(tmp) / f"window-{layers}.yaml"
             path.write_text(SPEC.format(layers=layers, window=T // 4, T=T))
             cells = (layers + 1) * T * T
