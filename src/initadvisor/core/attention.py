@@ -193,6 +193,31 @@ def participation(beta, bc, rho, T):
     return np.where(inf, rem[0], y2), yp, np.where(inf, rem[1], y3), np.where(inf, rem[2], y22)
 
 
+def coweighting(m, x, sums):
+    """phi: how much more a row of m keys with structure varies about its uniform part than the mean field's
+    (Y2 - 1/m)(C_d - C_o) says, at small Y2. To first order in the scores (a = (1 + M z) / m, M = I - 11^T / m,
+    Cov z proportional to K) E a^T C a - 1^T C 1 / m^2 is proportional to tr(M K M C), which is (m - 1)(K_d - K_o)
+    (C_d - C_o) for keys alike (K: the keys' overlaps as the scores see them, C: the values'; _d, _o their mean
+    diagonal and off-diagonal): keys that look alike are weighed together, so where they also hold the large values
+    the output varies more. phi is their ratio; the law is the Gaussian regime's and fades out between x = beta /
+    beta_c of 1/2, where that regime ends (001 B.3), and 1. sums: gradients.jacobian_form's."""
+    dK, dC, _, R, Ct, KC, _, T3 = sums
+    m = np.asarray(m, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        hom = (m - 1.0) * (dK / m - (R - dK) / (m * (m - 1.0))) * (dC / m - (Ct - dC) / (m * (m - 1.0)))
+        phi = 1.0 + np.clip(2.0 - 2.0 * x, 0.0, 1.0) * ((KC - 2.0 * T3 / m + R * Ct / (m * m)) / hom - 1.0)
+    return np.where((m > 1) & np.isfinite(phi), np.maximum(phi, 0.0), 1.0)
+
+
+def coweighted(f, phi, m):
+    """A row's fluctuation share f (Y2 - 1/m; two rows': Yp - 1/max(m, n)) with its keys' structure phi (coweighting):
+    f phi where small, saturating at a one-key row's 1 - 1/m, whose output is its key's whatever the structure."""
+    top = 1.0 - 1.0 / np.asarray(m, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        out = f * phi / (1.0 + np.maximum(f, 0.0) * (phi - 1.0) / top)
+    return np.where((f > 0) & np.isfinite(out), out, f)
+
+
 def _rem(x):
     """(Y2, Y3, Y2^2) of the REM as T -> inf: 0 for x <= 1, else the Poisson-Dirichlet(m) moments at m = 1/x:
     1 - m (001 eq. 12), (1 - m)(2 - m)/2 and (1 - m)(3 - 2m)/3."""

@@ -23,13 +23,15 @@ pushed through the same operations as the engine (each operation's `causal` map 
 
       A_ms = 1/m + delta_ms,  sum_s delta_ms = 0,
       O[m, n] = Sv[m, n] / (m n)                                   (uniform part: 2-D prefix sums)
-              + (Y2_m - 1/m) gapV_m                        (m = n:  the exact finite-T IPR at m keys)
-              + (Yp_mn - 1/max(m, n)) gapV_min(m,n)         (m != n: cross-row overlap on the shared keys)
+              + (Y2_m - 1/m) gapV_m psi_m                 (m = n:  the exact finite-T IPR at m keys)
+              + (Yp_mn - 1/max(m, n)) gapV_k psi_k         (m != n: shared keys, k = min(m, n))
               + (1/keep - 1) Y2_m qbarV_m                   (m = n:  attention dropout),
 
   where Sv is the prefix-sum matrix of the value overlaps Cv = g_V C + b_V^2, gapV_k = (mean diagonal) -
   (mean off-diagonal) of Cv over positions 1..k, qbarV_k its mean diagonal, and Yp_mn the annealed cross-row
-  overlap exp(rho^Q_mn v) / max(m, n) capped by sqrt(Y2_m Y2_n) (Cauchy-Schwarz), as the engine's Yp at T keys.
+  overlap exp(rho^Q_mn v) / max(m, n) capped by sqrt(Y2_m Y2_n) (Cauchy-Schwarz), as the engine's Yp at T keys, and
+  psi_k how much more row k's weights move with its keys' structure (keys alike weighed together:
+  attention.coweighting; 1 for keys alike).
   For Cv = p 11^T + (q - p) I and m = n = T this is the engine's mix_forward exactly. Centered attention
   (A - 1/m: the MC subtracts the causal mean of V) keeps only the fluctuation terms. Block 1 of a token-input model
   adds to the diagonal the mass its rows put on repeated tokens' key pairs beyond this law's (repeats.py).
@@ -359,6 +361,12 @@ def pair_kernel(act: str, C: np.ndarray) -> np.ndarray:
 # Causal attention rows
 
 
+def row_x(beta, bc: np.ndarray, lnT: float, m: np.ndarray) -> np.ndarray:
+    """x = beta_m / bc_m of rows of m keys, beta_m = beta sqrt(ln T / ln m) (inf or nan for one key)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return float(beta) * math.sqrt(2.0 * lnT) / bc / np.sqrt(2.0 * np.log(m))
+
+
 def row_statistics(beta, bc: np.ndarray, lnT: float, m: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, tuple]:
     """(Y2_m, v_m, (E[Y2], E[Y3], E[Y2^2])_m) of attention row m with m keys, vectorised over rows: the moments exact
     at m keys (softmax_rows; the query/key path's E tr(M^2) reads them too) for the
@@ -370,7 +378,7 @@ def row_statistics(beta, bc: np.ndarray, lnT: float, m: np.ndarray | None = None
     lnm = np.log(m)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         s = float(beta) * math.sqrt(2.0 * lnT) / bc
-        x = s / np.sqrt(2.0 * lnm)
+        x = row_x(beta, bc, lnT, m)
     one = m <= 1
     v = np.where(one, 0.0, 2.0 * np.minimum(np.where(one, 0.0, x), 0.5) ** 2 * lnm)
     ys = tuple(np.where(one, 1.0, y) for y in expected_y(np.where(np.isnan(s), np.nan, np.minimum(s, 1e300)), m))
@@ -403,7 +411,7 @@ class AttentionRows:
     shared: np.ndarray | None = None  # (K, K): Yp - 1 / max(t, t'), the overlap beyond uniform rows'
     keys: tuple | None = None  # windows and bidirectional rows (full resolution): row m's keys lo_m..hi_m, w_m of them
     weights: tuple | None = None  # ALiBi rows (full resolution): (W, d, c, sum W^2, overlap), Attention._causal_alibi
-    structure: tuple | None = None  # rows over all keys: what Attention._key_structure reads (qf, P, qbar, kbar, pbar)
+    structure: tuple | None = None  # rows over all keys: what Attention._key_structure reads (sums, qbar, kbar, pbar)
     qk_share: float = 0.0  # set by the backward: the share of the gradient's q at the input through that path
 
 

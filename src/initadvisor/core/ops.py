@@ -736,11 +736,14 @@ class Attention:
         kbar = pbar * att.rope_rows(G.T, P.d_head, P.rope_theta, P.rope_fraction) if P.rope_theta else pbar
         bc = self._qk_normed_beta_c(qbar, kbar, qq) if P.qk_norm != "none" else att.beta_c(qbar, kbar, qq)
         y2, v, ys = cz.row_statistics(P.beta, bc, lnT, m)
+        ends = G.edges[1:] - 1  # each group at its last row: keys the groups up to it
+        sums = self._structure_sums(G, qf, Pm)
+        phi = att.coweighting(m[ends], cz.row_x(P.beta, bc, lnT, m)[ends], sums)
 
         g_v, b_v2 = float(P.g_v), float(P.b_v2)
         gap_v = g_v * np.maximum(qbar - pbar, 0.0)  # values are not turned
         keep = 1.0 - float(P.attn_dropout)
-        diag = (y2 - 1.0 / m) * gap_v + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
+        diag = att.coweighted(y2 - 1.0 / m, phi[G.gid], m) * gap_v + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
 
         # off-diagonal fluctuations from group means: (Yp - 1/max(m, n)) gapV_min(m, n)
         qqg = qg + qb
@@ -751,7 +754,8 @@ class Attention:
         yp = np.minimum(np.exp(rho_q * np.multiply.outer(sv, sv)) * amax, np.multiply.outer(sy, sy))
         overlap = yp / np.multiply.outer(sy, sy)
         shared = yp - amax
-        out = shared * gv[G.lo]
+        gm = cz.gmean(G, m)  # each group at its mean row length
+        out = att.coweighted(shared, phi[G.lo], gm[G.lo]) * gv[G.lo]  # (the earlier row's keys' structure)
 
         if not P.centered:  # uniform part: (1/(m n)) sum_{s<=m, s'<=n} Cv[s, s'], averaged over the group pair
             A, B = G.A, G.B
@@ -767,7 +771,7 @@ class Attention:
         e = P.repeat_rho if S.R is None else _token_share(G, S)
         rep = self._repeats(bc, lnT, m, qbar, kbar, e)
         diag += rep
-        R, gm, qg = None, cz.gmean(G, m), cz.gmean(G, qbar)  # each group at its mean row length
+        R, qg = None, cz.gmean(G, qbar)
         if S.R is not None:  # two rows whose queries hold one token: their scores move together, as far as the
             turn = self._turn(np.subtract.outer(gm, gm), G.T)  # rotary embedding lets them (their distance)
             rho_r = (S.R + qb) / np.sqrt(np.multiply.outer(qqg, qqg)) * turn
@@ -779,9 +783,25 @@ class Attention:
         O = self._output(diag, out, R, (G.single, G.single), S.w, self._spread(ys, y2 * gap_v + rep, m, e, qbar, diag))
         qk = (lnT, m, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0), ys)
         return O, cz.AttentionRows(y2, bc, O.qf, qk, overlap=overlap, shared=shared,
-                                   structure=(qf, Pm, qbar, kbar, pbar))
+                                   structure=(sums, qbar, kbar, pbar))
 
-    def _key_structure(self, G, ys, qf, Pm, qbar, kbar, pbar):
+    def _structure_sums(self, G, qf, Pm):
+        """Per row group, over its keys (the groups up to it): gradients.jacobian_form's sums of the keys' overlaps as
+        the scores see them (K: turned by the rotary coherence of the two keys' distance, normalised by a QK-norm)
+        and the values' (C: the input's, the value gain cancels where they are read)."""
+        P = self.P
+        qg, g_k = cz.gmean(G, qf), float(P.g_k)
+        kap = att.rope_group_pairs(tuple(G.edges.tolist()), P.d_head, P.rope_theta or 0.0, P.rope_fraction)
+        if P.qk_norm != "none":  # normalised keys: a K_ss of g q / (g q + eps), their overlaps g P / sqrt(..)
+            kq = g_k * qg + P.norm_eps
+            kd, base = g_k * qg / kq, g_k * Pm / np.sqrt(np.multiply.outer(kq, kq))
+        else:
+            kd, base = qg, Pm
+        pairs = np.multiply.outer(G.n, G.n)
+        pairs[np.diag_indices(len(G.n))] = G.pairs
+        return cz.prefix_pair_sums(G, kd, kap * base, qg, pairs * Pm, kap * base * Pm)
+
+    def _key_structure(self, G, ys, sums, qbar, kbar, pbar):
         """Per causal row: the query half of the query/key path over its mean field, E tr(M K M C) for the keys'
         overlaps as the scores see them (K: turned by the rotary coherence of the two keys' distance, normalised by a
         QK-norm) and the values' (C) on the position groups (gradients.jacobian_form), over E tr(M^2) (q - kappa p)
@@ -791,17 +811,10 @@ class Attention:
         P = self.P
         ends = G.edges[1:] - 1  # each group's rows at its last row's keys: the groups up to it
         qe, ke, pe = qbar[ends], kbar[ends], pbar[ends]
-        qg, g_k = cz.gmean(G, qf), float(P.g_k)
-        kap = att.rope_group_pairs(tuple(G.edges.tolist()), P.d_head, P.rope_theta or 0.0, P.rope_fraction)
-        if P.qk_norm != "none":  # normalised keys: a K_ss of g q / (g q + eps), their overlaps g P / sqrt(..)
-            kq = g_k * qg + P.norm_eps
-            kd, base = g_k * qg / kq, g_k * Pm / np.sqrt(np.multiply.outer(kq, kq))
-            spread_k = g_k * qe / (g_k * qe + P.norm_eps) * (1.0 - ke / qe)
+        if P.qk_norm != "none":  # normalised keys: a K_ss of g q / (g q + eps)
+            spread_k = P.g_k * qe / (P.g_k * qe + P.norm_eps) * (1.0 - ke / qe)
         else:
-            kd, base, spread_k = qg, Pm, qe - ke
-        pairs = np.multiply.outer(G.n, G.n)
-        pairs[np.diag_indices(len(G.n))] = G.pairs
-        sums = cz.prefix_pair_sums(G, kd, kap * base, qg, pairs * Pm, kap * base * Pm)
+            spread_k = qe - ke
         y2, y3, y22 = (cz.gmean(G, y) for y in ys)
         m = np.cumsum(G.n)
         with np.errstate(invalid="ignore", divide="ignore"):
