@@ -109,6 +109,16 @@ def test_tiny_measured_gradients_give_a_finite_relative_error():
     assert len(show(9.6e188, ".1%")) < 12 and show(0.123, ".1%") == "12.3%"
 
 
+def test_seeds_to_decide_past_the_float_range():
+    """An undecided entry whose standard error is 1e200 times its tolerance (a theory that overflows beside a noisy
+    measurement) asks for more seeds than any run, not an OverflowError from squaring a float (an internal error of
+    verify past beta_c, 2026-11-28)."""
+    from initadvisor.verification import _seeds_to_decide
+
+    assert _seeds_to_decide(0.1, 1e200, 0.15, 8) == np.inf
+    assert 8 < _seeds_to_decide(0.1, 0.05, 0.15, 8) < 100
+
+
 def test_pool_seeds_takes_the_seed_as_the_unit():
     """Means as over all sequences; standard errors over seeds: two identical sequences per seed add nothing."""
     from initadvisor.simulate import mean_se, ratio_se

@@ -72,7 +72,10 @@ def _seeds_to_decide(err: float, err_se: float, allow: float, seeds: int) -> flo
         return np.inf
     n = float(seeds)
     for _ in range(20):  # fixed point: z_crit depends on the number of seeds
-        n = max(float(seeds), seeds * (z_crit(max(2, int(np.ceil(n)))) * err_se / gap) ** 2)
+        r = z_crit(max(2, int(np.ceil(n)))) * err_se / gap
+        if not r < 1e150:  # beyond any run (the square would overflow a float)
+            return np.inf
+        n = max(float(seeds), seeds * r * r)
     return n
 
 
