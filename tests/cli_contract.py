@@ -119,6 +119,7 @@ def valid_spec(r, max_layers: int = 2000, small: bool = False) -> dict:
     opt(model, "logit_softcap", lambda: None if r.coin(0.2) else real(r, 1e-8, 999999.0, (1.0, 50.0)), 0.2)
     opt(model, "norm_eps", lambda: real(r, 0.0, 0.999, (1e-12, 1e-5)), 0.3)
     opt(model, "embedding_scale", lambda: real(r, 1e-8, 999999.0, (1.0, 64.0)), 0.2)
+    opt(model, "embedding_width", lambda: max(1, int(r.real(1, 256 if small else 10**6, log=True))), 0.15)
     if model.get("norm") in ("pre", "sandwich"):
         opt(model, "layernorm_scaling", lambda: r.coin(), 0.2)
     opt(model, "rope_theta", lambda: None if r.coin(0.2) else real(r, 1e-8, 1e12, (1e3, 1e7)), 0.3)

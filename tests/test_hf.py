@@ -937,3 +937,22 @@ def test_a_missing_kv_head_count_is_transformers_default(tmp_path: Path, family:
         assert import_config(write(tmp_path, c))[0].kv_heads == kv
     except SpecError as e:
         assert kv is None and e.key is not None
+
+
+def test_electra_embedding_size_is_the_tables_width(tmp_path):
+    """ELECTRA with embedding_size != hidden_size: tables of that width projected to d_model (model.embedding_width),
+    so the stream entering block 1 has q = initializer_range^2 x embedding_size x the LayerNorm's (1 / keep); equal
+    widths set nothing; a width past the spec's limit names the config's field and line."""
+    from initadvisor.errors import SpecError
+
+    c = raw("electra")
+    spec, _ = import_config(cfg_path("electra"))
+    e, std = c["embedding_size"], c["initializer_range"]
+    assert spec.embedding_width == e != spec.d_model
+    from initadvisor.stack import input_moments
+
+    assert input_moments(spec)[0] == pytest.approx(std**2 * e / (1 - c["hidden_dropout_prob"]), rel=1e-6)
+    assert import_config(write(tmp_path, {**c, "embedding_size": c["hidden_size"]}))[0].embedding_width is None
+    with pytest.raises(SpecError) as err:
+        import_config(write(tmp_path, {**c, "embedding_size": 2_000_000}))
+    assert err.value.key == "embedding_size" and err.value.line is not None

@@ -272,9 +272,11 @@ def test_torch_module_with_its_own_init_matches_the_moment_map(name):
 
 
 @pytest.mark.parametrize("model", [{}, {"embedding_scale": 3.0}, {"embedding_scale": 3.0, "embedding_norm": True,
-                                                                   "norm_eps": 0.5}])
+                                                                   "norm_eps": 0.5},
+                                   {"embedding_norm": True, "embedding_width": D // 2}])
 def test_embeddings_moments_match_numpy_and_torch(model):
-    """The input stage: Zipf tokens + positions (+ a scale, a norm and dropout) against Embeddings.moments."""
+    """The input stage: Zipf tokens + positions (+ a scale, a norm and dropout, tables of another width projected
+    to d_model: ELECTRA) against Embeddings.moments."""
     spec = build_spec({"model": {"layers": 1, "d_model": D, "heads": 4, **model}, "dropout": 0.1,
                        "sequence": {"length": T, "vocab": 50, "embeddings": ["token", "position", "segment"]},
                        "init": {"embedding": {"std": 0.7}}})

@@ -217,12 +217,11 @@ def _bert_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
     embeddings = ["token", "position", "segment"]
     notes.append("segment embedding: token_type_ids default to 0, so one token_type row is shared by all tokens")
     if mt == "electra":
-        e = g("embedding_size", "posint", 128)
+        e = g("embedding_size", "posint", 128, spec_key="model.embedding_width")
         if e != d:
-            notes.append(f"ELECTRA embedding_size {e} != hidden_size {d}: the embeddings_project linear map "
-                         f"(std initializer_range, zero bias) after the embedding LayerNorm is not modelled; the spec "
-                         f"takes the layer-0 input as the LayerNorm output (second moment 1), the real one has second "
-                         f"moment about initializer_range^2 * {e}")
+            notes.append(f"ELECTRA embedding_size {e} != hidden_size {d}: tables of width {e}, their LayerNorm and "
+                         f"dropout, then embeddings_project to {d} (std initializer_range, zero bias): "
+                         f"model.embedding_width {e}")
     std = _init_std(cfg, notes)
     drop = g("hidden_dropout_prob", "prob", 0.1, spec_key="dropout")
     attn_drop = g(fam.attn_dropout_key, "prob", 0.1, spec_key="attention_dropout")
@@ -234,7 +233,8 @@ def _bert_like(cfg: _Config, fam: Family, notes: list[str]) -> dict[str, Any]:
         "model": {"layers": layers, "d_model": d, "heads": heads, "kv_heads": heads, "d_ff": d_ff, "norm": "post",
                   "norm_type": "layernorm", "attention": "softmax", "out_proj": True, "causal": causal,
                   "activation": act, "embedding_norm": True, "parallel_residual": False, **head,
-                  "norm_eps": _eps(cfg, "layer_norm_eps", 1e-12)},
+                  "norm_eps": _eps(cfg, "layer_norm_eps", 1e-12),
+                  **({"embedding_width": e} if mt == "electra" and e != d else {})},
         "sequence": {"length": length, "vocab": vocab, "embeddings": embeddings},
         "dropout": drop, "attention_dropout": attn_drop,
         "init": _init(std, head["tie_embeddings"]),

@@ -81,8 +81,10 @@ def memory_needed(spec: Spec, batch: int, itemsize: int, tables: bool = False) -
     gates = 2 if spec.activation in GATED else 1
     weights = 4 * d * d + (1 + gates) * d * f
     per_block = (2 + (spec.attention_dropout > 0)) * H * T * T + 8 * T * d + (1 + 2 * gates) * T * f
-    table = spec.vocab * d + (T if "position" in spec.embeddings else 0) * d if tables else 0
-    return int(itemsize * (L * weights + table + batch * (L * per_block + (L + 2) * T * d)))
+    w = spec.embedding_width or d  # the tables' width, projected to d by a w x d matrix where it differs
+    table = spec.vocab * w + (T if "position" in spec.embeddings else 0) * w if tables else 0
+    proj = w * d + batch * 2 * T * w if spec.embedding_width else 0
+    return int(itemsize * (L * weights + table + proj + batch * (L * per_block + (L + 2) * T * d)))
 
 
 def available_memory() -> int:

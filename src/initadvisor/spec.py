@@ -28,7 +28,7 @@ VERSION = 1  # the spec format version this initadvisor reads and writes (the to
 MAX_INT = {"latent_attention.q_rank": 1_000_000, "latent_attention.kv_rank": 1_000_000,
            "latent_attention.nope_dim": 100_000, "latent_attention.rope_dim": 100_000, "latent_attention.v_dim": 100_000,
            "model.layers": 100_000, "model.d_model": 1_000_000, "model.heads": 1_000_000, "model.head_dim": 1_000_000,
-           "model.kv_heads": 1_000_000, "model.d_ff": 10_000_000, "sequence.length": 10_000_000,
+           "model.embedding_width": 1_000_000, "model.kv_heads": 1_000_000, "model.d_ff": 10_000_000, "sequence.length": 10_000_000,
            "moe.experts": 4096, "moe.top_k": 4096, "moe.d_ff": 10_000_000, "moe.shared_experts": 4096}
 
 
@@ -117,6 +117,7 @@ class Spec:
     qk_norm: str = "none"  # QK_NORMS; the norm is of norm_type, with unit gains (their init in every family)
     norm_eps: float = 0.0  # every norm's epsilon: x / sqrt(mean x^2 + eps)
     embedding_scale: float = 1.0  # the summed embedding tables times this entering the stream (Gemma: sqrt(d))
+    embedding_width: int | None = None  # the tables' width where a linear map takes them to d_model (ELECTRA)
     embedding_dropout: float | None = None  # the embeddings' dropout rate; None: `dropout`
     mlp_dropout: float = 0.0  # dropout on the MLP's hidden units (T5), besides `dropout` on the branch's output
     head_dim: int | None = None  # each head's width when heads * head_dim != d_model (Qwen3, Gemma); None: d / heads
@@ -222,8 +223,8 @@ class Spec:
                 "parallel_residual": self.parallel_residual, "final_norm": self.final_norm,
                 "tie_embeddings": self.tie_embeddings, "head_transform": self.head_transform,
                 "logit_softcap": self.logit_softcap, "qk_norm": self.qk_norm, "norm_eps": self.norm_eps,
-                "embedding_scale": self.embedding_scale, "head_dim": self.head_dim,
-                "layernorm_scaling": self.layernorm_scaling, "rope_theta": self.rope_theta,
+                "embedding_scale": self.embedding_scale, "embedding_width": self.embedding_width,
+                "head_dim": self.head_dim, "layernorm_scaling": self.layernorm_scaling, "rope_theta": self.rope_theta,
                 "rotary_fraction": self.rotary_fraction, "sliding_window": self.sliding_window,
                 "window_blocks": None if self.window_blocks is None else list(self.window_blocks),
                 "alibi": self.alibi, "alibi_scale": self.alibi_scale,
@@ -282,7 +283,8 @@ SCHEMA: dict[str, Any] = {
         "norm": NORMS, "norm_type": NORM_TYPES, "attention": ATTENTIONS, "out_proj": "bool", "causal": "bool",
         "activation": ACTIVATIONS, "softmax_scale": "pos?", "embedding_norm": "bool?", "parallel_residual": "bool",
         "final_norm": "bool", "tie_embeddings": "bool", "head_transform": "bool", "logit_softcap": "pos?",
-        "qk_norm": QK_NORMS, "norm_eps": "eps", "embedding_scale": "pos", "head_dim": "posint?",
+        "qk_norm": QK_NORMS, "norm_eps": "eps", "embedding_scale": "pos", "embedding_width": "posint?",
+        "head_dim": "posint?",
         "layernorm_scaling": "bool", "rope_theta": "base?", "rotary_fraction": "fraction",
         "sliding_window": "posint?", "window_blocks": "blocks?", "alibi": "bool",
         "alibi_scale": "pos",
@@ -627,6 +629,7 @@ def build_spec(data: dict[str, Any], lines: dict[str, int] | None = None, fname:
         logit_softcap=None if m.get("logit_softcap") is None else float(m["logit_softcap"]),
         head=None if tied else matrix("head"), qk_norm=m.get("qk_norm", "none"), head_dim=head_dim,
         norm_eps=float(m.get("norm_eps", 0.0)), embedding_scale=float(m.get("embedding_scale", 1.0)), moe=moe,
+        embedding_width=m.get("embedding_width"),
         latent=lat,
         depth_alpha=float(data.get("residual", {}).get("depth_alpha", 0.0)),
         layernorm_scaling=m.get("layernorm_scaling", False),

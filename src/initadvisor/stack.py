@@ -92,7 +92,7 @@ def embeddings(spec) -> Embeddings:
                       std=spec.init["embedding"].std, input_correlation=spec.input_correlation,
                       norm=spec.norm_type if spec.embedding_norm else None,
                       dropout=spec.dropout if spec.embedding_dropout is None else spec.embedding_dropout,
-                      norm_eps=spec.norm_eps, scale=spec.embedding_scale)
+                      norm_eps=spec.norm_eps, scale=spec.embedding_scale, width=spec.embedding_width or 0)
 
 
 def from_spec(spec, per_layer: dict[str, np.ndarray] | None = None, **fields) -> Stack:

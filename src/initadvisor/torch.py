@@ -322,7 +322,7 @@ class OpModule(nn.Module):
     def __init__(self, op, d: int):
         super().__init__()
         self.op = op
-        for name, mod in op.torch_build(lambda child: OpModule(child, d), d).items():
+        for name, mod in op.torch_build(lambda child, width=d: OpModule(child, width), d).items():
             self.add_module(name, mod)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1829,7 +1829,8 @@ def zipf_repeat_correlation(vocab: int) -> float:
 @dataclass(frozen=True)
 class Embeddings:
     """Summed embedding tables N(0, std^2) (token ids i.i.d. Zipf, position row t, one segment row for all
-    tokens), or x_t = sqrt(rho) c + sqrt(1 - rho) e_t when the correlation is given; then a norm and dropout."""
+    tokens), or x_t = sqrt(rho) c + sqrt(1 - rho) e_t when the correlation is given; then a norm and dropout; tables
+    of another width (ELECTRA's embedding_size) then a linear map to d_model, N(0, std^2) without bias."""
 
     tables: tuple[str, ...]
     vocab: int
@@ -1841,6 +1842,7 @@ class Embeddings:
     dropout: float = 0.0
     norm_eps: float = 0.0
     scale: float = 1.0  # the summed tables times this before the norm (Gemma: sqrt(d)); a tied head reads them unscaled
+    width: int = 0  # the tables' width, projected to d_model after the dropout; 0: d_model, no projection
 
     @property
     def rho0(self) -> float:
@@ -1856,7 +1858,8 @@ class Embeddings:
         q = len(self.tables) * (self.scale * self.std) ** 2
         if self.norm:
             q = Norm(self.norm, self.norm_eps).moments(q, 0.0)[0]
-        return q / (1 - self.dropout), rho0 * q
+        g = self.width * self.std**2 if self.width else 1.0  # the projection's gain: E |W x|^2 / d = std^2 width q
+        return g * q / (1 - self.dropout), g * rho0 * q
 
     def repeats(self) -> tuple[float, float]:
         """(w, r): the share of position pairs that hold one token (Zipf ids: sum_i p_i^2) and such a pair's
@@ -1869,7 +1872,7 @@ class Embeddings:
 
     def forward(self, batch: int, rng: np.random.Generator, dt: np.dtype) -> np.ndarray:
         """Stream index 0 (batch, T, d) of the numpy network."""
-        T, d, std = self.seq_len, self.d_model, self.std
+        T, d, std = self.seq_len, self.width or self.d_model, self.std
         if self.input_correlation is not None:
             rho = self.input_correlation
             sigma = math.sqrt(len(self.tables)) * std
@@ -1892,27 +1895,32 @@ class Embeddings:
             x *= dt.type(self.scale)
         if self.norm:
             x = Norm(self.norm, self.norm_eps).forward(x, {}, rng)[0]
-        return dropout(x, self.dropout, rng)[0]
+        x = dropout(x, self.dropout, rng)[0]
+        return x @ normal(rng, (d, self.d_model), std, dt) if self.width else x
 
     def torch_build(self, make, d: int):
         from torch import nn
 
         sizes = {"token": self.vocab, "position": self.seq_len, "segment": 1}
-        tables = nn.ModuleDict({t: nn.Embedding(sizes[t], d) for t in self.tables})
+        w = self.width or d
+        tables = nn.ModuleDict({t: nn.Embedding(sizes[t], w) for t in self.tables})
         for table in tables.values():
             nn.init.normal_(table.weight, 0.0, self.std)
-        norm = make(Norm(self.norm, self.norm_eps)) if self.norm else nn.Identity()
-        return {"tables": tables, "emb_norm": norm, "drop": nn.Dropout(self.dropout)}
+        norm = make(Norm(self.norm, self.norm_eps), w) if self.norm else nn.Identity()
+        proj = nn.Linear(w, d, bias=False) if self.width else nn.Identity()
+        if self.width:
+            nn.init.normal_(proj.weight, 0.0, self.std)
+        return {"tables": tables, "emb_norm": norm, "drop": nn.Dropout(self.dropout), "emb_proj": proj}
 
     def torch_forward(self, m, input_ids):
         import torch
 
         B, T = input_ids.shape
         if self.input_correlation is not None:  # x_t = sqrt(rho) c + sqrt(1 - rho) e_t (as the numpy network)
-            sd = math.sqrt(len(self.tables)) * self.std
-            c = torch.randn(B, 1, self.d_model, device=input_ids.device) * sd
+            sd, w = math.sqrt(len(self.tables)) * self.std, self.width or self.d_model
+            c = torch.randn(B, 1, w, device=input_ids.device) * sd
             x = math.sqrt(self.input_correlation) * c + math.sqrt(1 - self.input_correlation) * sd * torch.randn(
-                B, T, self.d_model, device=input_ids.device)
+                B, T, w, device=input_ids.device)
             x.requires_grad_()  # no parameter feeds it: the stream's gradient is still measured from here
         else:
             idx = {"token": input_ids, "position": torch.arange(T, device=input_ids.device).expand(B, T),
@@ -1920,4 +1928,4 @@ class Embeddings:
             x = sum(table(idx[name]) for name, table in m.tables.items())
         if self.scale != 1.0:
             x = x * self.scale
-        return m.drop(m.emb_norm(x))
+        return m.emb_proj(m.drop(m.emb_norm(x)))
