@@ -45,6 +45,16 @@ def _config(family: str):
     if family == "bert":  # post-LN encoder, GeLU, dropout 0.1 / attention dropout 0.1 (defaults)
         return t.BertConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
                             intermediate_size=4 * D, max_position_embeddings=T)
+    if family == "roberta":  # BERT's block, positions offset by pad_token_id + 1 (T + 2 rows)
+        return t.RobertaConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
+                               intermediate_size=4 * D, max_position_embeddings=T + 2, pad_token_id=1)
+    if family == "electra":  # ELECTRA-small's ratio: tables of width d / 2, their LayerNorm, projected to d
+        return t.ElectraConfig(vocab_size=VOCAB, embedding_size=D // 2, hidden_size=D, num_hidden_layers=L,
+                               num_attention_heads=HEADS, intermediate_size=4 * D, max_position_embeddings=T)
+    if family == "qwen2":  # Llama's block with q, k, v biases (zero at init), GQA
+        return t.Qwen2Config(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=HEADS,
+                             num_key_value_heads=2, intermediate_size=688, max_position_embeddings=T,
+                             bos_token_id=0, eos_token_id=0)
     if family == "gpt2":  # pre-LN causal decoder, gelu_new, depth-scaled c_proj, dropout 0.1 (defaults)
         return t.GPT2Config(vocab_size=VOCAB, n_embd=D, n_layer=L, n_head=HEADS, n_positions=T,
                             bos_token_id=0, eos_token_id=0)
@@ -147,7 +157,8 @@ def _config(family: str):
 
 GRAD_FAMILY = 0.25  # the gradient ratio of every family but BERT and GPT-2 (GRAD_REL)
 UNGATED_GRAD = ("bert", "gpt2")  # their own tests at GRAD_REL
-FAMILIES = ("bert", "gpt2", "gpt_neox", "llama", "qwen3", "olmo2", "olmo2_eps6", "phi3", "gemma2", "gemma3_text", "mixtral",
+FAMILIES = ("bert", "roberta", "electra", "gpt2", "gpt_neox", "llama", "qwen2", "qwen3", "olmo2", "olmo2_eps6", "phi3",
+            "gemma2", "gemma3_text", "mixtral",
             "qwen3_moe", "opt", "opt_post_ln", "opt_proj", "falcon", "falcon_40b", "falcon_rw", "mistral_window", "gemma2_window",
             "gemma3_window", "modernbert", "t5", "t5_v1_1", "deepseek_v3", "bloom", "bloom_std06")
 _CACHE: dict[str, dict] = {}
@@ -252,6 +263,15 @@ def test_bert_post_ln_rho(result):
 def test_bert_post_ln_grad_ratio(result):
     r = result("bert")
     assert grad_rel_err(r).max() <= GRAD_REL, _fmt(grad_rel_err(r)) + "\n" + _table(r)
+
+
+@pytest.mark.parametrize("family", ["roberta", "electra", "qwen2"])
+def test_the_first_families_variants(result, family):
+    """RoBERTa (BERT's block, positions offset by the padding id), ELECTRA at ELECTRA-small's ratio (tables of width
+    d / 2 projected to d after their LayerNorm: model.embedding_width; read as tables of width d, q at index 0 was 74x
+    off and the gradient there 99%), Qwen2 (Llama's block with q, k, v biases)."""
+    r = result(family)
+    _assert_q_rho(r, late=r["spec"].causal)
 
 
 def test_bert_attention_ipr(result):

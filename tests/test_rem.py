@@ -97,3 +97,17 @@ def test_coweighting_is_one_for_keys_alike():
     assert phi == pytest.approx(1.0, rel=1e-12)
     for f in (0.5 / m, 0.3, 0.9):
         assert coweighted(f, phi, m) == pytest.approx(f, rel=1e-12)
+
+
+def test_coweighted_rows_stay_below_a_one_key_row():
+    """Whatever the keys' structure phi, a row's fluctuation share stays below a one-key row's 1 - 1/m (its output
+    is then its key's) and reaches it at Y2 = 1; at small Y2 it is phi times the mean field's."""
+    from initadvisor.core.attention import coweighted
+
+    m = 64.0
+    f = np.linspace(1e-4, 1.0 - 1.0 / m, 50)
+    for phi in (0.3, 1.0, 4.0, 60.0):
+        out = coweighted(f, phi, m)
+        assert np.all(out <= 1.0 - 1.0 / m + 1e-12) and np.all(np.diff(out) > 0)
+        assert out[-1] == pytest.approx(1.0 - 1.0 / m, rel=1e-12)
+        assert out[0] == pytest.approx(phi * f[0], rel=0.01 * max(phi, 1.0))

@@ -109,6 +109,18 @@ def test_tiny_measured_gradients_give_a_finite_relative_error():
     assert len(show(9.6e188, ".1%")) < 12 and show(0.123, ".1%") == "12.3%"
 
 
+@pytest.mark.parametrize("family", sorted(p.name for p in (ROOT / "tests" / "data" / "hf").iterdir()))
+def test_torch_backend_builds_every_family(family):
+    """`verify --backend torch` on every family's test config: the real `transformers` model is built, measured
+    and compared (issue 12: it runs on every family); one seed, so only that every gated error is finite."""
+    pytest.importorskip("transformers")
+    from initadvisor.api import verify
+
+    rep = verify(ROOT / "tests" / "data" / "hf" / family / "config.json", backend="torch", seeds=1, batch=1)
+    assert {"rho", "q", "grad_q"} <= set(rep.max_error)
+    assert all(np.isfinite(rep.max_error[k]) for k in ("rho", "q", "grad_q")), rep.max_error
+
+
 def test_seeds_to_decide_past_the_float_range():
     """An undecided entry whose standard error is 1e200 times its tolerance (a theory that overflows beside a noisy
     measurement) asks for more seeds than any run, not an OverflowError from squaring a float (an internal error of
