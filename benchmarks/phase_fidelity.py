@@ -3,6 +3,7 @@ the attention phases.
 
 Usage: OPENBLAS_NUM_THREADS=1 python benchmarks/phase_fidelity.py [--layers 50] [--d 720] [--seeds 4]
                                                                   [--cells post:1.5:64:bi,...] [--json out.json]
+                                                                  [--backend torch --device cuda]
 
 Grid: norm {post, pre} x beta / beta_c at block 1 {0.25, 0.5, 0.7, 1.0, 1.5, 2.5} x T {64, 512} x {bidirectional,
 causal}. The model is paper 001's encoder (1 head, ReLU MLP of width d, gains 0.2 on V and the MLP, MLP biases
@@ -60,6 +61,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--cells", default="", help="comma-separated norm:ratio:T:bi|causal (default: the whole grid)")
     ap.add_argument("--json", default="")
+    ap.add_argument("--backend", default="numpy", help="verify's backend: numpy, or torch (no IPR measured)")
+    ap.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
     args = ap.parse_args()
     if args.cells:
         cells = [(n, float(r), int(t), c == "causal") for n, r, t, c in (x.split(":") for x in args.cells.split(","))]
@@ -79,7 +82,8 @@ def main() -> None:
             buf = io.StringIO()
             with contextlib.redirect_stdout(buf):
                 try:
-                    cli(["verify", str(path), "--seeds", str(args.seeds), "--format", "json"])
+                    cli(["verify", str(path), "--seeds", str(args.seeds), "--format", "json", "--backend", args.backend,
+                         *(["--device", args.device] if args.backend == "torch" else [])])
                 except SystemExit:
                     pass
             rep = json.loads(buf.getvalue())

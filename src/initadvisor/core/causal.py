@@ -412,6 +412,8 @@ class AttentionRows:
     keys: tuple | None = None  # windows and bidirectional rows (full resolution): row m's keys lo_m..hi_m, w_m of them
     weights: tuple | None = None  # ALiBi rows (full resolution): (W, d, c, sum W^2, overlap), Attention._causal_alibi
     structure: tuple | None = None  # rows over all keys: what Attention._key_structure reads (sums, qbar, kbar, pbar)
+    shares: tuple | None = None  # rows over all keys: (K, K) [row group, key group] a key's share of E[A^2] and of the
+    # scores' gradient over uniform rows' (Attention._key_shares), None where uniform
     qk_share: float = 0.0  # set by the backward: the share of the gradient's q at the input through that path
 
 
@@ -573,7 +575,8 @@ def suffix_within(G: _Grid, x: np.ndarray) -> np.ndarray:
     return G.segsum(x)[G.gid] - G.cum_within(x) + x
 
 
-def mix_backward_rows(G: _Grid, S: State, y2: np.ndarray, drop: float = 0.0, shared=None) -> State:
+def mix_backward_rows(G: _Grid, S: State, y2: np.ndarray, drop: float = 0.0, shared=None,
+                      shares: np.ndarray | None = None) -> State:
     """The gradient at the values from the gradient at the attention output (value path, uniform causal rows):
     dv_s = sum_{t >= s} A_ts do_t with E A_ts^2 = d_t / t, E A_ts A_ts' = (s2_t - d_t) / (t (t - 1)) within a row
     (d_t = Y2_t / keep, s2_t = 1 + Y2_t drop / keep: the moments of mixing()) and E A_ts A_t's' = 1 / (t t') across
@@ -585,7 +588,8 @@ def mix_backward_rows(G: _Grid, S: State, y2: np.ndarray, drop: float = 0.0, sha
     the second one as Wc^T P Wc (Wc: grid column sums) less the lift's t = t' terms, exact for a state constant
     within groups. shared: the rows' overlap beyond uniform, Yp - 1 / max(t, t') per group pair (the forward's):
     spread over the min(t, t') keys the two rows share, and -1 / (min - 1) of it between two of them (rows whose
-    queries correlate attend to the same keys: e^(rho v) - 1 of uniform, Qwen3's gradient 17% -> 1% at block 1)."""
+    queries correlate attend to the same keys: e^(rho v) - 1 of uniform, Qwen3's gradient 17% -> 1% at block 1).
+    shares: a key's share of a row's E[A^2] where the rows weigh keys unequally (row_sums)."""
     K, n, m = len(G.n), G.n, G.m
     d, _, s2, _ = att.mixing(y2, 0.0, 1.0, False, drop)
     g = S.qf
@@ -594,7 +598,7 @@ def mix_backward_rows(G: _Grid, S: State, y2: np.ndarray, drop: float = 0.0, sha
     c = np.diag(Pm).copy()  # the within-group pair mean, lifted onto the diagonal and taken off again
     idx = np.arange(K)
     with np.errstate(divide="ignore", invalid="ignore"):
-        diag, out = row_sums(G, d * g / m, np.where(m > 1, (s2 - d) * g / (m * (m - 1.0)), 0.0))
+        diag, out = row_sums(G, d * g / m, np.where(m > 1, (s2 - d) * g / (m * (m - 1.0)), 0.0), shares)
 
     # from the pairs P_tt'
     diag_p, sufS = pair_suffix(G, Pm, 1.0 / m)
@@ -653,11 +657,17 @@ def pair_suffix(G: _Grid, Pm: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np
     return Q[gid] + 2.0 * U * R[gid] + c[gid] * (U * U - V) - sufS[gid], sufS
 
 
-def row_sums(G: _Grid, f_diag: np.ndarray, f_pair: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """What rows t send back to their keys s <= t: per position sum_{t >= s} f_diag_t, and per group pair the mean
-    over keys s in g, s' in h (s != s') of sum_{t >= max(s, s')} f_pair_t (the later group's share i / n)."""
+def row_sums(G: _Grid, f_diag: np.ndarray, f_pair: np.ndarray, shares: np.ndarray | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """What rows t send back to their keys s <= t: per position sum_{t >= s} f_diag_t (times key s's share of row t,
+    shares[group t, group s], where rows weigh their keys unequally), and per group pair the mean over keys s in g,
+    s' in h (s != s') of sum_{t >= max(s, s')} f_pair_t (the later group's share i / n)."""
     idx, i, n = np.arange(len(G.n)), G.i, G.n
-    diag = np.cumsum(f_diag[::-1])[::-1]
+    if shares is None:
+        diag = np.cumsum(f_diag[::-1])[::-1]
+    else:  # the later groups' rows at their share, the key's own group's at its diagonal one
+        later = np.tril(shares, -1).T @ G.segsum(f_diag)
+        diag = later[G.gid] + np.diag(shares)[G.gid] * suffix_within(G, f_diag)
     seg = G.segsum(f_pair)
     after = seg.sum() - np.cumsum(seg)  # positions after group a
     out = (after + G.segsum(f_pair * i) / n)[G.hi]

@@ -32,7 +32,7 @@ from initadvisor.core import distances as dz
 from initadvisor.core import gradients as gr
 from initadvisor.core import kernels, routing
 from initadvisor.core.repeats import SIGMA_MAX, at_lengths, query_token_share, token_rows
-from initadvisor.core.softmax_rows import expected_y
+from initadvisor.core.softmax_rows import expected_y, key_shares
 from initadvisor.core.sorting import median, unique
 
 GATED = {"swiglu": "silu", "geglu": "gelu"}  # gated MLP -> the activation of its gate
@@ -739,6 +739,8 @@ class Attention:
         ends = G.edges[1:] - 1  # each group at its last row: keys the groups up to it
         sums = self._structure_sums(G, qf, Pm)
         phi = att.coweighting(m[ends], cz.row_x(P.beta, bc, lnT, m)[ends], sums)
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            shares = self._key_shares(G, qf, Pm, float(P.beta) * math.sqrt(2.0 * lnT) / bc[ends])
 
         g_v, b_v2 = float(P.g_v), float(P.b_v2)
         gap_v = g_v * np.maximum(qbar - pbar, 0.0)  # values are not turned
@@ -783,23 +785,50 @@ class Attention:
         O = self._output(diag, out, R, (G.single, G.single), S.w, self._spread(ys, y2 * gap_v + rep, m, e, qbar, diag))
         qk = (lnT, m, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0), ys)
         return O, cz.AttentionRows(y2, bc, O.qf, qk, overlap=overlap, shared=shared,
-                                   structure=(sums, qbar, kbar, pbar))
+                                   structure=(sums, qbar, kbar, pbar), shares=shares)
 
-    def _structure_sums(self, G, qf, Pm):
-        """Per row group, over its keys (the groups up to it): gradients.jacobian_form's sums of the keys' overlaps as
-        the scores see them (K: turned by the rotary coherence of the two keys' distance, normalised by a QK-norm)
-        and the values' (C: the input's, the value gain cancels where they are read)."""
+    def _key_overlaps(self, G, qf, Pm):
+        """The keys' overlaps as the scores see them, per group (K_ss) and group pair (summed over its ordered position
+        pairs s != s'): turned by the rotary coherence of the two keys' distance, normalised by a QK-norm."""
         P = self.P
         qg, g_k = cz.gmean(G, qf), float(P.g_k)
         kap = att.rope_group_pairs(tuple(G.edges.tolist()), P.d_head, P.rope_theta or 0.0, P.rope_fraction)
         if P.qk_norm != "none":  # normalised keys: a K_ss of g q / (g q + eps), their overlaps g P / sqrt(..)
             kq = g_k * qg + P.norm_eps
-            kd, base = g_k * qg / kq, g_k * Pm / np.sqrt(np.multiply.outer(kq, kq))
-        else:
-            kd, base = qg, Pm
+            return g_k * qg / kq, kap * g_k * Pm / np.sqrt(np.multiply.outer(kq, kq))
+        return qg, kap * Pm
+
+    def _structure_sums(self, G, qf, Pm):
+        """Per row group, over its keys (the groups up to it): gradients.jacobian_form's sums of the keys' overlaps as
+        the scores see them (_key_overlaps) and the values' (C: the input's, the value gain cancels where they are
+        read)."""
+        kd, Kp = self._key_overlaps(G, qf, Pm)
         pairs = np.multiply.outer(G.n, G.n)
         pairs[np.diag_indices(len(G.n))] = G.pairs
-        return cz.prefix_pair_sums(G, kd, kap * base, qg, pairs * Pm, kap * base * Pm)
+        return cz.prefix_pair_sums(G, kd, Kp, cz.gmean(G, qf), pairs * Pm, Kp * Pm)
+
+    def _key_shares(self, G, qf, Pm, s):
+        """Per row group (at its last row: keys the groups up to it) and key group, one key's share of the row's E[A^2]
+        and E[A^2 (1 - A)^2] over uniform rows' (softmax_rows.key_shares), from the spread of each key's score about
+        the row's keys' mean: K_ss - 2 mean_s' K_ss' + mean K. Keys that look less like the row's others vary more and
+        win a localized row more often (post-LN past beta_c: a causal row's recent keys; the early ones, read by every
+        row, 0.7 of uniform at rho 0.5, in the numpy network's rows and in Gaussian rows of its overlaps). None where
+        no share moves by 0.1% (uniform rows: e^(2 s^2 (r - 1)))."""
+        kd, Kp = self._key_overlaps(G, qf, Pm)
+        n = G.n.astype(float)
+        m = np.cumsum(n)
+        cs = (np.cumsum(Kp, axis=1) / n[:, None] + kd[:, None]) / m[None, :]  # [g, r]: a key's mean over r's keys
+        seen = np.less_equal.outer(np.arange(len(n)), np.arange(len(n))).T  # [r, g]: g <= r
+        N = np.where(seen, n[None, :], 0.0)
+        kbar = (N * cs.T).sum(axis=1) / m
+        R = np.maximum(kd[None, :] - 2.0 * cs.T + kbar[:, None], 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rel = R / ((N * R).sum(axis=1) / m)[:, None]
+        rel = np.where(seen & np.isfinite(rel), rel, 1.0)
+        se = np.where(np.isfinite(s) & (m > 1), np.minimum(s, 30.0), 0.0)
+        if np.max(2.0 * np.abs(se[:, None] ** 2 * (rel - 1.0)), initial=0.0) < 1e-3:
+            return None
+        return key_shares(se, N, rel)
 
     def _key_structure(self, G, ys, sums, qbar, kbar, pbar):
         """Per causal row: the query half of the query/key path over its mean field, E tr(M K M C) for the keys'
@@ -974,10 +1003,11 @@ class Attention:
         return tuple(np.where(np.isfinite(x), x, 0.0) for x in (a_q, a_k, h))
 
     def causal_backward(self, G, S, rows):
-        """W_O, the causal rows' transpose (causal.mix_backward_rows: row t's moments at its t keys), W_V, and the
-        query/key path (_qk_rows, from the rows' geometry the forward kept): row t's scores' gradient back through W_Q
-        to its query (a g_t) and through W_K to its keys (a_key g_t / t each, summing to zero over them: -1/(t - 1) of
-        it between two keys) and two rows' scores' gradients through the queries' common part (h, as often as the rows
+        """W_O, the causal rows' transpose (causal.mix_backward_rows: row t's moments at its t keys, each key at its
+        share of the row's E[A^2], _key_shares), W_V, and the query/key path (_qk_rows, from the rows' geometry the
+        forward kept): row t's scores' gradient back through W_Q to its query (a g_t) and through W_K to its keys
+        (a_key g_t / t each at the key's share of E[A^2 (1 - A)^2], summing to zero over them: -1/(t - 1) of it
+        between two keys) and two rows' scores' gradients through the queries' common part (h, as often as the rows
         overlap). The bidirectional map's cross-moment terms of the path (_qk_gain's x and the column term's -b gp /
         (T - 1)) are left out here: one causal operation's gp is within 4% of the numpy network without them, 7-46%
         high with both, 7-25% low with x alone (test_causal)."""
@@ -993,11 +1023,12 @@ class Attention:
         Pg = g_o * S.P
         if rows.keys is None:  # causal rows over all keys, on position groups
             m, hc = G.m, cz.gmean(G, h)
-            B = cz.mix_backward_rows(G, cz.State(g, Pg), rows.y2, drop, rows.shared)
+            v_share, k_share = (None, None) if rows.shares is None else rows.shares
+            B = cz.mix_backward_rows(G, cz.State(g, Pg), rows.y2, drop, rows.shared, v_share)
             Zh = Pg * np.multiply.outer(hc, hc) * rows.overlap * ~np.diag(G.single)
             cols = cz.pair_suffix(G, Zh, 1.0 / m)[0]
             with np.errstate(invalid="ignore", divide="ignore"):
-                kd, kp = cz.row_sums(G, ek / m, np.where(m > 1, -ek / (m * (m - 1.0)), 0.0))
+                kd, kp = cz.row_sums(G, ek / m, np.where(m > 1, -ek / (m * (m - 1.0)), 0.0), k_share)
         else:  # windows and bidirectional rows, position by position
             lo, hi, w = rows.keys
             hc = h
