@@ -412,8 +412,8 @@ class AttentionRows:
     keys: tuple | None = None  # windows and bidirectional rows (full resolution): row m's keys lo_m..hi_m, w_m of them
     weights: tuple | None = None  # ALiBi rows (full resolution): (W, d, c, sum W^2, overlap), Attention._causal_alibi
     structure: tuple | None = None  # rows over all keys: what Attention._key_structure reads (sums, qbar, kbar, pbar)
-    shares: tuple | None = None  # rows over all keys: (K, K) [row group, key group] a key's share of E[A^2] and of the
-    # scores' gradient over uniform rows' (Attention._key_shares), None where uniform
+    shares: tuple | None = None  # rows over all keys: (K, K) [row group, key group] a key's share of E[A], of E[A^2]
+    # and of the scores' gradient over uniform rows' (Attention._key_shares), None where uniform
     qk_share: float = 0.0  # set by the backward: the share of the gradient's q at the input through that path
 
 

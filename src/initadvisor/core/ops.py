@@ -739,8 +739,10 @@ class Attention:
         ends = G.edges[1:] - 1  # each group at its last row: keys the groups up to it
         sums = self._structure_sums(G, qf, Pm)
         phi = att.coweighting(m[ends], cz.row_x(P.beta, bc, lnT, m)[ends], sums)
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            shares = self._key_shares(G, qf, Pm, float(P.beta) * math.sqrt(2.0 * lnT) / bc[ends])
+        shares = None  # (centered rows: the rows' means are taken off, and there is no position-resolved backward)
+        if not P.centered:
+            with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+                shares = self._key_shares(G, qf, Pm, float(P.beta) * math.sqrt(2.0 * lnT) / bc[ends])
 
         g_v, b_v2 = float(P.g_v), float(P.b_v2)
         gap_v = g_v * np.maximum(qbar - pbar, 0.0)  # values are not turned
@@ -770,6 +772,10 @@ class Attention:
             U[np.diag_indices(K)] = SPd * G.A2 + 2.0 * rd * G.Bt + pd * G.E + F
             out += g_v * U + b_v2
             diag += g_v * tot / (m * m) + b_v2
+            if shares is not None:  # the rows' means at their keys' shares of the weight, over uniform ones
+                Ug = self._weighed_means(G, qg, Pm, shares[0])
+                out += g_v * Ug
+                diag += g_v * np.diag(Ug)[gid]
         e = P.repeat_rho if S.R is None else _token_share(G, S)
         rep = self._repeats(bc, lnT, m, qbar, kbar, e)
         diag += rep
@@ -807,9 +813,23 @@ class Attention:
         pairs[np.diag_indices(len(G.n))] = G.pairs
         return cz.prefix_pair_sums(G, kd, Kp, cz.gmean(G, qf), pairs * Pm, Kp * Pm)
 
+    @staticmethod
+    def _weighed_means(G, qg, Pm, W):
+        """Two rows' means' overlap when row group r weighs key group g at W[r, g] of uniform, less uniform rows':
+        sum_{g, h} a_rg a_r'h C_gh with a_rg = W n_g / m_r (the group's last row), C_gh the groups' mean overlap (a
+        group with itself: its own keys' q too), on position groups."""
+        n = G.n.astype(float)
+        m = np.cumsum(n)
+        C = Pm.copy()
+        C[np.diag_indices(len(n))] = (qg + (n - 1.0) * np.diag(Pm)) / n
+        seen = np.less_equal.outer(np.arange(len(n)), np.arange(len(n))).T
+        A1 = np.where(seen, n[None, :] / m[:, None], 0.0)
+        A = A1 * W
+        return A @ C @ A.T - A1 @ C @ A1.T
+
     def _key_shares(self, G, qf, Pm, s):
-        """Per row group (at its last row: keys the groups up to it) and key group, one key's share of the row's E[A^2]
-        and E[A^2 (1 - A)^2] over uniform rows' (softmax_rows.key_shares), from the spread of each key's score about
+        """Per row group (at its last row: keys the groups up to it) and key group, one key's share of the row's E[A],
+        E[A^2] and E[A^2 (1 - A)^2] over uniform rows' (softmax_rows.key_shares), from the spread of each key's score about
         the row's keys' mean: K_ss - 2 mean_s' K_ss' + mean K. Keys that look less like the row's others vary more and
         win a localized row more often (post-LN past beta_c: a causal row's recent keys; the early ones, read by every
         row, 0.7 of uniform at rho 0.5, in the numpy network's rows and in Gaussian rows of its overlaps). None where
@@ -1023,7 +1043,7 @@ class Attention:
         Pg = g_o * S.P
         if rows.keys is None:  # causal rows over all keys, on position groups
             m, hc = G.m, cz.gmean(G, h)
-            v_share, k_share = (None, None) if rows.shares is None else rows.shares
+            v_share, k_share = (None, None) if rows.shares is None else rows.shares[1:]
             B = cz.mix_backward_rows(G, cz.State(g, Pg), rows.y2, drop, rows.shared, v_share)
             Zh = Pg * np.multiply.outer(hc, hc) * rows.overlap * ~np.diag(G.single)
             cols = cz.pair_suffix(G, Zh, 1.0 / m)[0]

@@ -279,22 +279,23 @@ _KS_H, _KS_STEP = 0.5, 0.04  # the key shares' step in ln t, and their stds' in 
 _KS_W = np.arange(-_Z_MAX * 30.0 - 17.0 - 30.0, _Z_MAX * 30.0 + 30.0, _KS_H)  # ln t for every s <= 30, T <= e^17
 
 
-@lru_cache(maxsize=512)
-def _key_node(j: int) -> np.ndarray:
-    """ln phi, ln(t^k psi_k) (k = 2, 3, 4) over _KS_W at the std s of u = j _KS_STEP (4, w); each computed once."""
+@lru_cache(maxsize=1024)
+def _key_node(j: int, stride: int) -> np.ndarray:
+    """ln phi, ln(t^k psi_k) (k = 1, 2, 3, 4) over every stride-th point of _KS_W at the std s of u = j _KS_STEP
+    (5, w); each computed once."""
     sig = math.expm1(j * _KS_STEP) / 2.0
     z, wz = _gauss(max(sig, 1.0), _KS_H, least=81)
-    y = _KS_W[:, None] + sig * z[None, :]
+    y = _KS_W[::stride, None] + sig * z[None, :]
     ey = np.exp(np.minimum(y, 700.0))
     with np.errstate(divide="ignore", over="ignore", under="ignore"):  # log 0 -> -1e6: e^-1e6 = 0, no nan from 0 x inf
-        rows = [np.log1p(-np.minimum((-np.expm1(-ey)) @ wz, 1.0))] + [np.log(np.exp(k * y - ey) @ wz) for k in (2, 3, 4)]
+        rows = [np.log1p(-np.minimum((-np.expm1(-ey)) @ wz, 1.0))] + [np.log(np.exp(k * y - ey) @ wz) for k in (1, 2, 3, 4)]
     return _read_only(np.maximum(np.array(rows), -1e6))
 
 
-def key_shares(s, n, r) -> tuple[np.ndarray, np.ndarray]:
+def key_shares(s, n, r) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rows whose keys' scores vary unequally: row i has n[i, g] keys whose logits are i.i.d. N(0, s_i^2 r[i, g]) (the
-    relative variances r averaging 1 over the row's keys, s_i <= 30). Per row and group, one key's E[A^2] and
-    E[A^2 (1 - A)^2] over the row's mean of them (so sum_g n V = m): where a localized row's weight, and its scores'
+    relative variances r averaging 1 over the row's keys, s_i <= 30). Per row and group, one key's E[A], E[A^2] and
+    E[A^2 (1 - A)^2] over the row's mean of them (so sum_g n W = m): where a localized row's weight, and its scores'
     gradient, go. Uniform rows (s r alike) give 1; a key of larger variance wins a localized row more often. The
     quadrature of the module docstring with the keys' product over groups, E[A^k] = int t^k psi_k(t; s_g)
     prod_h phi(t; s_h)^n_h / phi(t; s_g) d ln t / Gamma(k), its Gaussian integrals at stds 0.02 apart near 0 and 4%
@@ -302,30 +303,53 @@ def key_shares(s, n, r) -> tuple[np.ndarray, np.ndarray]:
     s, n, r = (np.asarray(a, dtype=float) for a in (s, n, r))
     on = n > 0
     sig = np.where(on, s[:, None] * np.sqrt(np.maximum(r, 0.0)), 0.0)
-    hi = float(sig.max(initial=0.0))
-    if hi <= 0.0:
-        return np.ones_like(sig), np.ones_like(sig)
+    out = tuple(np.ones_like(sig) for _ in range(3))
+    moves = np.any(on & (2.0 * s[:, None] ** 2 * np.abs(r - 1.0) >= 1e-4), axis=1)  # rows whose shares move (e^(2 s^2 (r - 1)))
+    lo = np.where(on, sig, np.inf).min(axis=1, initial=np.inf)
+    hi = sig.max(axis=1, initial=0.0)
+    # rows deep in the uniform phase (x = s / sqrt(2 ln m) <= 1/4, m >= 500): the annealed shares e^(k^2 s_g^2 / 2),
+    # within 2% of the quadrature there (0.3-0.5% at x 0.23, m 2000)
+    m = n.sum(axis=1)
+    annealed = moves & (m >= 500) & (hi <= 0.25 * np.sqrt(2.0 * np.log(np.maximum(m, 2.0))))
+    for o, k in zip(out, (1.0, 2.0, 2.0)):
+        e = np.where(on, np.exp(0.5 * k * k * np.where(annealed[:, None], sig, 0.0) ** 2), 0.0)
+        o[annealed] = (e * (m / (n * e).sum(axis=1))[:, None])[annealed] + np.where(on, 0.0, 1.0)[annealed]
+    moves &= ~annealed
+    # the integrands in ln t are Gaussian smoothings of bumps of width 1 at the keys' stds: steps of a quarter of a
+    # row's smallest (at least _KS_H; 1 where every std is below 1), rows of one step together
+    stride = np.where(hi < 1.0, 2, np.maximum(1, np.where(moves, lo / (4.0 * _KS_H), 1.0).astype(int)))
+    for st in np.unique(stride[moves]):
+        rows = np.flatnonzero(moves & (stride == st))
+        for o, x in zip(out, _key_moments(sig[rows], n[rows], int(st))):
+            o[rows] = x
+    return out
+
+
+def _key_moments(sig, n, stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """key_shares on rows of key stds sig (rows, groups), the ln t grid at stride x _KS_H."""
+    on = n > 0
+    hi = float(sig.max())
     u = np.log1p(2.0 * sig) / _KS_STEP
     j_lo = math.floor(float(u[on].min()))
     j_hi = max(math.ceil(float(u.max())), j_lo + 1)
-    # the integrands in ln t: below e^-30 of their peak 15 beyond the keys' extremes (t^k with k >= 2 on the left, a
-    # product of phis falling faster than exponentially on the right); in steps of 1 where every std is below 1
-    keep = (_KS_W > -_Z_MAX * hi - math.log(max(n.sum(axis=1).max(), 1.0)) - 15.0) & (_KS_W < _Z_MAX * hi + 15.0)
-    keep &= (np.arange(_KS_W.size) % 2 == 0) | (hi >= 1.0)
-    tabs = np.stack([_key_node(j)[:, keep] for j in range(j_lo, j_hi + 1)], axis=1)  # (4, nodes, w)
+    # below e^-15 of their peak 15 beyond the keys' extremes (t^k, k >= 1, on the left, a product of phis falling
+    # faster than exponentially on the right)
+    w = _KS_W[::stride]
+    keep = (w > -_Z_MAX * hi - math.log(max(n.sum(axis=1).max(), 1.0)) - 15.0) & (w < _Z_MAX * hi + 15.0)
+    tabs = np.stack([_key_node(j, stride)[:, keep] for j in range(j_lo, j_hi + 1)], axis=1)  # (5, nodes, w)
     row, grp = np.nonzero(on)  # the rows' keys, row by row
     pos = np.clip(u[row, grp] - j_lo, 0.0, j_hi - j_lo)
     i0 = np.minimum(pos.astype(int), j_hi - j_lo - 1)
     f = (pos - i0)[:, None]
-    lp, l2, l3, l4 = (t[i0] * (1.0 - f) + t[i0 + 1] * f for t in tabs)  # (keys, w)
+    lp, l1, l2, l3, l4 = (t[i0] * (1.0 - f) + t[i0 + 1] * f for t in tabs)  # (keys, w)
     nk = n[row, grp]
     starts = np.flatnonzero(np.r_[True, row[1:] != row[:-1]])
     back = np.add.reduceat(nk[:, None] * lp, starts, axis=0)[np.cumsum(np.r_[False, row[1:] != row[:-1]])]  # ln prod
     with np.errstate(over="ignore", invalid="ignore"):
-        m2, m3, m4 = (np.exp(np.minimum(t + back - lp, 700.0)).sum(axis=-1) / math.gamma(k)
-                      for k, t in ((2, l2), (3, l3), (4, l4)))
+        m1, m2, m3, m4 = (np.exp(np.minimum(t + back - lp, 700.0)).sum(axis=-1) / math.gamma(k)
+                          for k, t in ((1, l1), (2, l2), (3, l3), (4, l4)))
         out = []
-        for x in (m2, m2 - 2.0 * m3 + m4):
+        for x in (m1, m2, m2 - 2.0 * m3 + m4):
             mean = np.add.reduceat(nk * x, starts) / np.add.reduceat(nk, starts)  # the row's mean over its keys
             full = np.ones_like(sig)
             full[row, grp] = x / mean[np.cumsum(np.r_[False, row[1:] != row[:-1]])]
