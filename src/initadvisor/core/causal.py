@@ -201,6 +201,7 @@ class _Grid:
     J: np.ndarray  # (K,) sum of i/m^2 / n
     J2: np.ndarray  # (K,) sum of i^2/m^2 / n^2
     Wc: np.ndarray  # (K, K) Wc[a, g] = sum over rows m of a of the mean over keys s of g of W_ms (W_ms = 1/m, s <= m)
+    keys: np.ndarray  # (K, K) keys[r, g]: group g's keys in group r's last row (n_g for g <= r, else 0)
 
     def segsum(self, x: np.ndarray) -> np.ndarray:
         return np.add.reduceat(x, self.start)
@@ -252,7 +253,8 @@ def _grid(T: int, single: int, ratio: float) -> _Grid:
     return _Grid(T=T, edges=edges, start=start, n=n, gid=gid, m=m, i=i, A=su / n, B=siu / n, A2=A2, Bt=Bt,
                  E=E, Amax=Amax, pairs=pairs, lo=np.minimum.outer(idx, idx), hi=np.maximum.outer(idx, idx),
                  third_groups=((0, k1), (k1, k2), (k2, K)), single=n_int == 1,
-                 J=seg(i * u * u) / n, J2=seg(i * i * u * u) / (n * n), Wc=Wc)
+                 J=seg(i * u * u) / n, J2=seg(i * i * u * u) / (n * n), Wc=Wc,
+                 keys=np.where(np.less_equal.outer(idx, idx).T, n[None, :], 0.0))
 
 
 # ------------------------------------------------------------------------------------------------

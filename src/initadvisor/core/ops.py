@@ -818,12 +818,10 @@ class Attention:
         """Two rows' means' overlap when row group r weighs key group g at W[r, g] of uniform, less uniform rows':
         sum_{g, h} a_rg a_r'h C_gh with a_rg = W n_g / m_r (the group's last row), C_gh the groups' mean overlap (a
         group with itself: its own keys' q too), on position groups."""
-        n = G.n.astype(float)
-        m = np.cumsum(n)
+        n = G.n
         C = Pm.copy()
         C[np.diag_indices(len(n))] = (qg + (n - 1.0) * np.diag(Pm)) / n
-        seen = np.less_equal.outer(np.arange(len(n)), np.arange(len(n))).T
-        A1 = np.where(seen, n[None, :] / m[:, None], 0.0)
+        A1 = G.keys / G.edges[1:, None]
         A = A1 * W
         return A @ C @ A.T - A1 @ C @ A1.T
 
@@ -835,16 +833,13 @@ class Attention:
         row, 0.7 of uniform at rho 0.5, in the numpy network's rows and in Gaussian rows of its overlaps). None where
         no share moves by 0.1% (uniform rows: e^(2 s^2 (r - 1)))."""
         kd, Kp = self._key_overlaps(G, qf, Pm)
-        n = G.n.astype(float)
-        m = np.cumsum(n)
+        n, m, N = G.n, G.edges[1:], G.keys
         cs = (np.cumsum(Kp, axis=1) / n[:, None] + kd[:, None]) / m[None, :]  # [g, r]: a key's mean over r's keys
-        seen = np.less_equal.outer(np.arange(len(n)), np.arange(len(n))).T  # [r, g]: g <= r
-        N = np.where(seen, n[None, :], 0.0)
         kbar = (N * cs.T).sum(axis=1) / m
         R = np.maximum(kd[None, :] - 2.0 * cs.T + kbar[:, None], 0.0)
         with np.errstate(invalid="ignore", divide="ignore"):
             rel = R / ((N * R).sum(axis=1) / m)[:, None]
-        rel = np.where(seen & np.isfinite(rel), rel, 1.0)
+        rel = np.where((N > 0) & np.isfinite(rel), rel, 1.0)
         se = np.where(np.isfinite(s) & (m > 1), np.minimum(s, 30.0), 0.0)
         if np.max(2.0 * np.abs(se[:, None] ** 2 * (rel - 1.0)), initial=0.0) < 1e-3:
             return None

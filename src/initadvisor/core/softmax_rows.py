@@ -299,7 +299,7 @@ def key_shares(s, n, r) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     gradient, go. Uniform rows (s r alike) give 1; a key of larger variance wins a localized row more often. The
     quadrature of the module docstring with the keys' product over groups, E[A^k] = int t^k psi_k(t; s_g)
     prod_h phi(t; s_h)^n_h / phi(t; s_g) d ln t / Gamma(k), its Gaussian integrals at stds 0.02 apart near 0 and 4%
-    apart far (_key_node), linear in ln(1 + 2 s) between them: within 1% of sampled rows (test_softmax_rows)."""
+    apart far (_key_node), log-linear in ln(1 + 2 s) between them: within 1% of sampled rows (test_softmax_rows)."""
     s, n, r = (np.asarray(a, dtype=float) for a in (s, n, r))
     on = n > 0
     sig = np.where(on, s[:, None] * np.sqrt(np.maximum(r, 0.0)), 0.0)
@@ -326,7 +326,8 @@ def key_shares(s, n, r) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _key_moments(sig, n, stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """key_shares on rows of key stds sig (rows, groups), the ln t grid at stride x _KS_H."""
+    """key_shares on rows of key stds sig (rows, groups), the ln t grid at stride x _KS_H: each row's moments at the std
+    nodes around its keys' (one matrix product over ln t), log-linear between them."""
     on = n > 0
     hi = float(sig.max())
     u = np.log1p(2.0 * sig) / _KS_STEP
@@ -336,22 +337,27 @@ def _key_moments(sig, n, stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     # faster than exponentially on the right)
     w = _KS_W[::stride]
     keep = (w > -_Z_MAX * hi - math.log(max(n.sum(axis=1).max(), 1.0)) - 15.0) & (w < _Z_MAX * hi + 15.0)
-    tabs = np.stack([_key_node(j, stride)[:, keep] for j in range(j_lo, j_hi + 1)], axis=1)  # (5, nodes, w)
+    lp, *lk = np.stack([_key_node(j, stride)[:, keep] for j in range(j_lo, j_hi + 1)], axis=1)  # (5, nodes, w)
     row, grp = np.nonzero(on)  # the rows' keys, row by row
     pos = np.clip(u[row, grp] - j_lo, 0.0, j_hi - j_lo)
     i0 = np.minimum(pos.astype(int), j_hi - j_lo - 1)
-    f = (pos - i0)[:, None]
-    lp, l1, l2, l3, l4 = (t[i0] * (1.0 - f) + t[i0 + 1] * f for t in tabs)  # (keys, w)
+    f = pos - i0
     nk = n[row, grp]
+    c = np.zeros((len(sig), j_hi - j_lo + 1))  # each row's keys on the nodes: ln prod_h phi_h^n_h = c @ ln phi
+    np.add.at(c, (row, i0), nk * (1.0 - f))
+    np.add.at(c, (row, i0 + 1), nk * f)
+    back = c @ lp
+    prod = np.exp(back - back.max(axis=1, keepdims=True))  # (a row's scale cancels in its shares)
     starts = np.flatnonzero(np.r_[True, row[1:] != row[:-1]])
-    back = np.add.reduceat(nk[:, None] * lp, starts, axis=0)[np.cumsum(np.r_[False, row[1:] != row[:-1]])]  # ln prod
-    with np.errstate(over="ignore", invalid="ignore"):
-        m1, m2, m3, m4 = (np.exp(np.minimum(t + back - lp, 700.0)).sum(axis=-1) / math.gamma(k)
-                          for k, t in ((1, l1), (2, l2), (3, l3), (4, l4)))
+    at = np.cumsum(np.r_[False, row[1:] != row[:-1]])
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        m1, m2, m3, m4 = (np.exp(L[row, i0] * (1.0 - f) + L[row, i0 + 1] * f)
+                          for L in (np.log(prod @ np.exp(np.minimum(t - lp, 700.0)).T) - math.lgamma(k)
+                                    for k, t in zip((1, 2, 3, 4), lk)))
         out = []
         for x in (m1, m2, m2 - 2.0 * m3 + m4):
             mean = np.add.reduceat(nk * x, starts) / np.add.reduceat(nk, starts)  # the row's mean over its keys
             full = np.ones_like(sig)
-            full[row, grp] = x / mean[np.cumsum(np.r_[False, row[1:] != row[:-1]])]
+            full[row, grp] = x / mean[at]
             out.append(full)
     return tuple(np.where(np.isfinite(x), x, 1.0) for x in out)
