@@ -827,7 +827,7 @@ class Attention:
 
     def _key_shares(self, G, qf, Pm, s):
         """Per row group (at its last row: keys the groups up to it) and key group, one key's share of the row's E[A],
-        E[A^2] and E[A^2 (1 - A)^2] over uniform rows' (softmax_rows.key_shares), from the spread of each key's score about
+        E[A^2] and E[(M^2)_jj] over uniform rows' (softmax_rows.key_shares), from the spread of each key's score about
         the row's keys' mean: K_ss - 2 mean_s' K_ss' + mean K. Keys that look less like the row's others vary more and
         win a localized row more often (post-LN past beta_c: a causal row's recent keys; the early ones, read by every
         row, 0.7 of uniform at rho 0.5, in the numpy network's rows and in Gaussian rows of its overlaps). None where
@@ -1021,7 +1021,7 @@ class Attention:
         """W_O, the causal rows' transpose (causal.mix_backward_rows: row t's moments at its t keys, each key at its
         share of the row's E[A^2], _key_shares), W_V, and the query/key path (_qk_rows, from the rows' geometry the
         forward kept): row t's scores' gradient back through W_Q to its query (a g_t) and through W_K to its keys
-        (a_key g_t / t each at the key's share of E[A^2 (1 - A)^2], summing to zero over them: -1/(t - 1) of it
+        (a_key g_t / t each at the key's share of E[(M^2)_jj] = E[A^2 (1 - 2 A + Y2)], summing to zero over them: -1/(t - 1) of it
         between two keys) and two rows' scores' gradients through the queries' common part (h, as often as the rows
         overlap). The bidirectional map's cross-moment terms of the path (_qk_gain's x and the column term's -b gp /
         (T - 1)) are left out here: one causal operation's gp is within 4% of the numpy network without them, 7-46%

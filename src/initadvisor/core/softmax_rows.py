@@ -295,11 +295,13 @@ def _key_node(j: int, stride: int) -> np.ndarray:
 def key_shares(s, n, r) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rows whose keys' scores vary unequally: row i has n[i, g] keys whose logits are i.i.d. N(0, s_i^2 r[i, g]) (the
     relative variances r averaging 1 over the row's keys, s_i <= 30). Per row and group, one key's E[A], E[A^2] and
-    E[A^2 (1 - A)^2] over the row's mean of them (so sum_g n W = m): where a localized row's weight, and its scores'
-    gradient, go. Uniform rows (s r alike) give 1; a key of larger variance wins a localized row more often. The
-    quadrature of the module docstring with the keys' product over groups, E[A^k] = int t^k psi_k(t; s_g)
-    prod_h phi(t; s_h)^n_h / phi(t; s_g) d ln t / Gamma(k), its Gaussian integrals at stds 0.02 apart near 0 and 4%
-    apart far (_key_node), log-linear in ln(1 + 2 s) between them: within 1% of sampled rows (test_softmax_rows)."""
+    E[(M^2)_jj] = E[A^2 (1 - 2 A + Y2)] (M = diag A - A A^T, the softmax's Jacobian: the key's part of E tr M^2) over
+    the row's mean of them (so sum_g n W = m): where a localized row's weight, and its scores' gradient, go. Uniform
+    rows (s r alike) give 1; a key of larger variance wins a localized row more often. The quadrature of the module
+    docstring with the keys' product over groups, E[A^k] = int t^k psi_k(t; s_g) prod_h phi(t; s_h)^n_h / phi(t; s_g)
+    d ln t / Gamma(k) (E[A_j^2 A_k^2]: t^4 psi_2(s_g) psi_2(s_h) / Gamma(4) over both phis), its Gaussian integrals at
+    stds 0.02 apart near 0 and 4% apart far (_key_node), log-linear in ln(1 + 2 s) between them: within 1% of sampled
+    rows (test_softmax_rows)."""
     s, n, r = (np.asarray(a, dtype=float) for a in (s, n, r))
     on = n > 0
     sig = np.where(on, s[:, None] * np.sqrt(np.maximum(r, 0.0)), 0.0)
@@ -351,11 +353,12 @@ def _key_moments(sig, n, stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     starts = np.flatnonzero(np.r_[True, row[1:] != row[:-1]])
     at = np.cumsum(np.r_[False, row[1:] != row[:-1]])
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        m1, m2, m3, m4 = (np.exp(L[row, i0] * (1.0 - f) + L[row, i0 + 1] * f)
-                          for L in (np.log(prod @ np.exp(np.minimum(t - lp, 700.0)).T) - math.lgamma(k)
-                                    for k, t in zip((1, 2, 3, 4), lk)))
+        r1, r2, r3, r4 = (np.exp(np.minimum(t - lp, 300.0)) for t in lk)  # t^k psi_k / phi per node (nodes, w)
+        nodes = (prod @ r1.T, prod @ r2.T, prod @ r3.T / 2.0, prod @ r4.T / 6.0,  # / Gamma(k)
+                 ((prod * (c @ r2)) @ r2.T - prod @ (r2 * r2).T) / 6.0)  # E[A_j^2 A_k^2] over the row's other keys
+        m1, m2, m3, m4, mx = (np.exp(np.log(L[row, i0]) * (1.0 - f) + np.log(L[row, i0 + 1]) * f) for L in nodes)
         out = []
-        for x in (m1, m2, m2 - 2.0 * m3 + m4):
+        for x in (m1, m2, m2 - 2.0 * m3 + m4 + mx):  # E[A], E[A^2], E[(M^2)_jj] = E[A^2 (1 - 2 A + Y2)]
             mean = np.add.reduceat(nk * x, starts) / np.add.reduceat(nk, starts)  # the row's mean over its keys
             full = np.ones_like(sig)
             full[row, grp] = x / mean[at]
