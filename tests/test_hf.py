@@ -956,3 +956,15 @@ def test_electra_embedding_size_is_the_tables_width(tmp_path):
     with pytest.raises(SpecError) as err:
         import_config(write(tmp_path, {**c, "embedding_size": 2_000_000}))
     assert err.value.key == "embedding_size" and err.value.line is not None
+
+
+def test_transformers_warnings_on_fields_the_import_ignores_stay_off_stderr(tmp_path: Path) -> None:
+    """A bos_token_id past the vocabulary (fuzz seed 131, a Qwen2 config): the import ignores it, transformers warns
+    about it on stderr when `verify --backend torch` builds the model, beside the report's verdict. The CLI keeps
+    transformers' warnings off stderr (TRANSFORMERS_VERBOSITY error, unless the user set it)."""
+    c = raw("qwen2") | {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+                        "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 1000, "bos_token_id": 10**30}
+    env = {k: v for k, v in os.environ.items() if k != "TRANSFORMERS_VERBOSITY"}
+    r = subprocess.run([sys.executable, "-m", "initadvisor", "verify", str(write(tmp_path, c)), "--backend", "torch",
+                        "--seeds", "1", "--batch", "1", "--format", "json"], capture_output=True, text=True, env=env)
+    assert r.returncode in (0, 1) and json.loads(r.stdout)["layers"] and r.stderr == "", r.stderr[:300]

@@ -211,3 +211,14 @@ def test_mixture_of_experts_cells_count_twice():
         dense = from_spec(build_spec({**base, **extra}))
         moe = from_spec(build_spec({**base, **extra, "moe": {"experts": 4, "top_k": 2}}))
         assert resolved_cells(dense) > 0 and resolved_cells(moe) == 2 * resolved_cells(dense)
+
+
+def test_a_recipe_whose_skip_overflows_its_fourth_power_is_reported():
+    """Fuzz seed 131: a sigmoid router of std 3e5 over one expert led a recipe to a residual skip of 4e126, whose
+    fourth power (a token's mean-square spread) raised OverflowError from Python's float power: `recommend` died with
+    an internal error. The spread now overflows to inf like the moments, and the report stays finite."""
+    spec = build_spec({"model": {"layers": 15, "d_model": 896, "heads": 64},
+                       "moe": {"experts": 1, "router": "sigmoid", "router_std": 321170.85339216527}})
+    rep = recommend(spec, rho_max=0.734088034316045, k=0.1108927381494052, alpha_mlp=True)
+    json.dumps(rep, allow_nan=False)
+    assert rep["recipes"] and rep["patched_recipe"]

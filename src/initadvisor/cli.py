@@ -405,6 +405,9 @@ def main(argv: list[str] | None = None) -> None:
     import warnings
 
     warnings.filterwarnings("ignore", category=RuntimeWarning)  # overflow in the engine: reports say so instead
+    # transformers' own warnings on a config's fields the import does not read (a bos_token_id past the vocabulary):
+    # the report says what matters, on stdout (read when transformers first configures its logger)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         code = run(sys.argv[1:] if argv is None else list(argv))
     except InitAdvisorError as e:

@@ -471,9 +471,10 @@ class Residual:
 
     def _sum_spread(self, u, branches):
         """skip^4 u plus each branch's spread times block^4 (independent terms of a token's mean square)."""
-        out = _add_spread(self.skip**4, u, 0.0, None)  # (arrays on a grid)
-        for (b, _), ub in zip(self.branches, branches):
-            out = _add_spread(1.0, out, b**4, ub)
+        with np.errstate(over="ignore"):  # (a float's ** raises past 1e308; inf is the moments' own overflow)
+            out = _add_spread(np.asarray(self.skip, dtype=float) ** 4, u, 0.0, None)  # (arrays on a grid)
+            for (b, _), ub in zip(self.branches, branches):
+                out = _add_spread(1.0, out, np.asarray(b, dtype=float) ** 4, ub)
         return out
 
     def distances_backward(self, gq, gp, cache):
