@@ -356,7 +356,9 @@ def _key_moments(sig, n, stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
         r1, r2, r3, r4 = (np.exp(np.minimum(t - lp, 300.0)) for t in lk)  # t^k psi_k / phi per node (nodes, w)
         nodes = (prod @ r1.T, prod @ r2.T, prod @ r3.T / 2.0, prod @ r4.T / 6.0,  # / Gamma(k)
                  ((prod * (c @ r2)) @ r2.T - prod @ (r2 * r2).T) / 6.0)  # E[A_j^2 A_k^2] over the row's other keys
-        m1, m2, m3, m4, mx = (np.exp(np.log(L[row, i0]) * (1.0 - f) + np.log(L[row, i0 + 1]) * f) for L in nodes)
+        # (the last can round below 0 where a row's keys are few: its nodes subtract a key at the node's std, not its own)
+        m1, m2, m3, m4, mx = (np.exp(np.log(L[row, i0]) * (1.0 - f) + np.log(L[row, i0 + 1]) * f)
+                              for L in (np.maximum(x, 1e-300) for x in nodes))
         out = []
         for x in (m1, m2, m2 - 2.0 * m3 + m4 + mx):  # E[A], E[A^2], E[(M^2)_jj] = E[A^2 (1 - 2 A + Y2)]
             mean = np.add.reduceat(nk * x, starts) / np.add.reduceat(nk, starts)  # the row's mean over its keys
