@@ -63,11 +63,13 @@ def _structured(m, rng):
     return K, C
 
 
-def _form(K, C, y2, y3, y22):
+def _form(K, C, a):
+    """jacobian_form at the rows a's (n, m) own moments."""
     rK, rC = K.sum(1), C.sum(1)
     sums = (np.trace(K), np.trace(C), np.sum(np.diag(K) * np.diag(C)), K.sum(), C.sum(), (K * C).sum(),
             np.sum(np.diag(C) * rK + np.diag(K) * rC), np.sum(rK * rC))
-    return float(G.jacobian_form(len(K), y2, y3, y22, sums))
+    y2 = (a**2).sum(1)
+    return float(G.jacobian_form(len(K), y2.mean(), (a**3).sum(1).mean(), (y2**2).mean(), (a**4).sum(1).mean(), sums))
 
 
 @pytest.mark.parametrize("m", [2, 3, 8, 40])
@@ -77,13 +79,11 @@ def test_jacobian_form_exact_for_uniform_rows_and_homogeneous_keys(m, rng):
     K, C = _structured(m, rng)
     a = np.full(m, 1.0 / m)
     M = np.diag(a) - np.outer(a, a)
-    assert _form(K, C, 1 / m, 1 / m**2, 1 / m**2) == pytest.approx(np.trace(M @ K @ M @ C), rel=1e-9, abs=1e-15)
+    assert _form(K, C, a[None, :]) == pytest.approx(np.trace(M @ K @ M @ C), rel=1e-9, abs=1e-15)
     Kh, Ch = 0.6 * np.eye(m) + 0.4, 1.5 * np.eye(m) + 0.3
     a = np.exp(1.3 * rng.standard_normal((200, m)))
     a /= a.sum(1, keepdims=True)
-    y2 = (a**2).sum(1)
-    assert _form(Kh, Ch, y2.mean(), (a**3).sum(1).mean(), (y2**2).mean()) == pytest.approx(
-        _traces(Kh, Ch, a).mean(), rel=1e-9)
+    assert _form(Kh, Ch, a) == pytest.approx(_traces(Kh, Ch, a).mean(), rel=1e-9)
 
 
 def _traces(K, C, a):
@@ -93,21 +93,26 @@ def _traces(K, C, a):
             + (aK * a).sum(1) * (aC * a).sum(1))
 
 
-@pytest.mark.parametrize("m, sigma", [(3, 1.0), (8, 0.5), (8, 1.0), (30, 1.0), (30, 1.5), (80, 1.0)])
+@pytest.mark.parametrize("m, sigma", [(2, 2.0), (3, 1.0), (4, 2.0), (8, 0.5), (8, 1.5), (30, 1.0), (30, 1.5),
+                                      (80, 1.0)])
 def test_jacobian_form_against_rows_over_shuffled_keys(m, sigma, rng):
-    """A causal stream's K and C (_structured) and lognormal rows in any key order: within 7% (+4 standard errors)
-    of the sampled trace (measured over six structures: 0.1-6%, 10% at m 8 and score std 1.5), where the
-    homogenised mean field E tr(M^2) (K_d - K_o) (C_d - C_o) is 9-54% low."""
+    """A causal stream's K and C (_structured) and lognormal rows in any key order (exchangeable weights): within
+    0.5% (+4 standard errors) of the sampled trace at the rows' own E[Y2], E[Y3], E[Y2^2], E[Y4] (the form is exact
+    there), where the homogenised mean field E tr(M^2) (K_d - K_o) (C_d - C_o) is 9-54% low. The form before 11-28's
+    ninth session took (a^T K a)(a^T C a) at its mean given Y2: 0.1-10% off, and 0 for two keys of unequal K_ss at
+    score std 2 (exact: 0.27 of the trace's scale)."""
     K, C = _structured(m, rng)
     a = np.exp(sigma * rng.standard_normal((4000, m)))
     a /= a.sum(1, keepdims=True)
+    a = np.concatenate([a[:, p] for p in (rng.permutation(m) for _ in range(8))])  # every key order alike
     tr = _traces(K, C, a)
     y2, y3 = (a**2).sum(1), (a**3).sum(1)
     mc, se = tr.mean(), tr.std() / np.sqrt(len(tr))
-    assert abs(_form(K, C, y2.mean(), y3.mean(), (y2**2).mean()) - mc) <= 0.07 * mc + 4 * se
+    assert abs(_form(K, C, a) - mc) <= 0.005 * mc + 4 * se
     kd, ko = np.trace(K) / m, (K.sum() - np.trace(K)) / (m * (m - 1))
     cd, co = np.trace(C) / m, (C.sum() - np.trace(C)) / (m * (m - 1))
-    assert float(G.jacobian_trace(y2.mean(), y3.mean(), (y2**2).mean())) * (kd - ko) * (cd - co) < 0.92 * mc
+    if m > 2:  # (two keys: the mean field is their own difference's)
+        assert float(G.jacobian_trace(y2.mean(), y3.mean(), (y2**2).mean())) * (kd - ko) * (cd - co) < 0.92 * mc
 
 
 # Noci et al. digest 2.5: Monte-Carlo of eqs. 17/18 under uniform attention (d, n, rho, sigma_x, tau, MC query,

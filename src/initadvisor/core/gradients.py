@@ -28,23 +28,28 @@ def jacobian_trace(y2, y3, y22):
     return np.maximum(y2 - 2.0 * y3 + y22, 0.0)
 
 
-def jacobian_form(m, y2, y3, y22, sums):
+def jacobian_form(m, y2, y3, y22, y4, sums):
     """E tr(M K M C) per row of m keys, M = diag(A) - A A^T, for weights exchangeable over the keys (E[Y2], E[Y3],
-    E[Y2^2]) and two symmetric key matrices (the keys' overlaps K as the scores see them, the values' C): the query
-    half of the query/key path (001 B.4's tr(M Q M Q) with K != C). Exact for homogeneous K, C, where it is
-    E tr(M^2) (K_d - K_o) (C_d - C_o) (diagonal and off-diagonal means), and for uniform rows; (a^T K a)(a^T C a) is
-    taken at its mean over the keys' order given Y2. sums: per row, sum of K_ss, of C_ss, of K_ss C_ss, of K, of C, of
-    K o C, of C_ss rK_s + K_ss rC_s and of rK_s rC_s (rK, rC the row sums)."""
+    E[Y2^2], E[Y4]) and two symmetric key matrices (the keys' overlaps K as the scores see them, the values' C): the
+    query half of the query/key path (001 B.4's tr(M Q M Q) with K != C). Exact for any K and C: a monomial's
+    expectation depends only on how its indices coincide (E A_i^2 A_j A_k = (Y2 - 2 Y3 - Y2^2 + 2 Y4) / (m (m - 1)
+    (m - 2)), ...), and each coincidence pattern's sum of K_ij C_kl is one of the eight sums (by Moebius inversion
+    over the patterns). sums: per row, sum of K_ss, of C_ss, of K_ss C_ss, of K, of C, of K o C, of
+    C_ss rK_s + K_ss rC_s and of rK_s rC_s (rK, rC the row sums)."""
     dK, dC, dKC, R, Ct, KC, Sdr, T3 = sums
     m = np.asarray(m, dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
-        oKC = KC - dKC
-        e2 = (y2 - y3) / (m * (m - 1.0))
-        e3 = np.where(m > 2, (1.0 - 3.0 * y2 + 2.0 * y3) / (m * (m - 1.0) * (m - 2.0)), 0.0)
-        t1 = y2 / m * dKC + (1.0 - y2) / (m * (m - 1.0)) * oKC
-        t2 = y3 / m * dKC + e2 * (Sdr + oKC - 2.0 * dKC) + e3 * (T3 - Sdr - oKC + dKC)
-        Kd, Ko, Cd, Co = dK / m, (R - dK) / (m * (m - 1.0)), dC / m, (Ct - dC) / (m * (m - 1.0))
-        t4 = Ko * Co + y2 * ((Kd - Ko) * Co + Ko * (Cd - Co)) + y22 * (Kd - Ko) * (Cd - Co)
+        m2, m3, m4 = m * (m - 1.0), m * (m - 1.0) * (m - 2.0), m * (m - 1.0) * (m - 2.0) * (m - 3.0)
+        # E of a monomial by its indices' pattern: a^2 b, a b c; a^3 b, a^2 b^2, a^2 b c, a b c d
+        e21, e111 = (y2 - y3) / m2, np.where(m > 2, (1.0 - 3.0 * y2 + 2.0 * y3) / m3, 0.0)
+        e31, e22 = (y3 - y4) / m2, (y22 - y4) / m2
+        e211 = np.where(m > 2, (y2 - 2.0 * y3 - y22 + 2.0 * y4) / m3, 0.0)
+        e1111 = np.where(m > 3, (1.0 - 6.0 * y2 + 3.0 * y22 + 8.0 * y3 - 6.0 * y4) / m4, 0.0)
+        t1 = y2 / m * dKC + (1.0 - y2) / m2 * (KC - dKC)  # sum A_i A_j K_ij C_ij
+        t2 = e111 * T3 + (e21 - e111) * (Sdr + KC) + (y3 / m - 3.0 * e21 + 2.0 * e111) * dKC  # sum A_i A_j A_k K_ij C_ik
+        t4 = (e1111 * R * Ct + (e211 - e1111) * (dK * Ct + R * dC + 4.0 * T3)  # (A^T K A)(A^T C A)
+              + (e22 - 2.0 * e211 + e1111) * (dK * dC + 2.0 * KC) + 2.0 * (e31 - 3.0 * e211 + 2.0 * e1111) * Sdr
+              + (y4 / m - 4.0 * e31 - 3.0 * e22 + 12.0 * e211 - 6.0 * e1111) * dKC)
         out = t1 - 2.0 * t2 + t4
     return np.where((m > 1) & np.isfinite(out), np.maximum(out, 0.0), 0.0)
 

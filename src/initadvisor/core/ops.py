@@ -32,7 +32,7 @@ from initadvisor.core import distances as dz
 from initadvisor.core import gradients as gr
 from initadvisor.core import kernels, routing
 from initadvisor.core.repeats import SIGMA_MAX, at_lengths, query_token_share, token_rows
-from initadvisor.core.softmax_rows import expected_y, key_shares
+from initadvisor.core.softmax_rows import expected_y, key_shares, power_sums
 from initadvisor.core.sorting import median, unique
 
 GATED = {"swiglu": "silu", "geglu": "gelu"}  # gated MLP -> the activation of its gate
@@ -846,13 +846,14 @@ class Attention:
             return None
         return key_shares(se, N, rel)
 
-    def _key_structure(self, G, ys, sums, qbar, kbar, pbar):
+    def _key_structure(self, G, s, sums, qbar, kbar, pbar):
         """Per causal row: the query half of the query/key path over its mean field, E tr(M K M C) for the keys'
         overlaps as the scores see them (K: turned by the rotary coherence of the two keys' distance, normalised by a
         QK-norm) and the values' (C) on the position groups (gradients.jacobian_form), over E tr(M^2) (q - kappa p)
         (q - p) of the row's means. A row's early keys carry most of the values' spread (their q is large) and see the
         later keys less than the mean pair does, so the scores' gradient spreads further than the mean field says
-        (OLMo 2's block 2: 1.8x at the late rows of T 128, in the numpy network)."""
+        (OLMo 2's block 2: 1.8x at the late rows of T 128, in the numpy network). s: each row's score std; the rows'
+        moments at each group's last row, all four from one quadrature (softmax_rows.power_sums)."""
         P = self.P
         ends = G.edges[1:] - 1  # each group's rows at its last row's keys: the groups up to it
         qe, ke, pe = qbar[ends], kbar[ends], pbar[ends]
@@ -860,10 +861,10 @@ class Attention:
             spread_k = P.g_k * qe / (P.g_k * qe + P.norm_eps) * (1.0 - ke / qe)
         else:
             spread_k = qe - ke
-        y2, y3, y22 = (cz.gmean(G, y) for y in ys)
         m = np.cumsum(G.n)
+        y2, y3, y22, y4 = power_sums(s[ends], m)
         with np.errstate(invalid="ignore", divide="ignore"):
-            phi = gr.jacobian_form(m, y2, y3, y22, sums) / (gr.jacobian_trace(y2, y3, y22) * spread_k * (qe - pe))
+            phi = gr.jacobian_form(m, y2, y3, y22, y4, sums) / (gr.jacobian_trace(y2, y3, y22) * spread_k * (qe - pe))
         return np.where(np.isfinite(phi) & (m > 1), phi, 1.0)[G.gid]
 
     def _repeat_law(self, bc, lnT, m, qbar, kbar, e):
@@ -1056,7 +1057,9 @@ class Attention:
             with np.errstate(invalid="ignore", divide="ignore"):
                 kd, kp = cz.window_sums(ek / w, np.where(w > 1, -ek / (w * (w - 1.0)), 0.0), *rows.keys[:2])
         if rows.structure is not None and e.sum() > 1e-5 * g_v * B.qf.sum():  # the query half over the keys' structure
-            e = e * self._key_structure(G, rows.qk[-1], *rows.structure)  # (skipped where it cannot show)
+            with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+                s = float(P.beta) * math.sqrt(2.0 * rows.qk[0]) / rows.beta_c
+            e = e * self._key_structure(G, s, *rows.structure)  # (skipped where it cannot show)
         qk = e + kd + cols
         total = g_v * B.qf + qk
         rows.qk_share = float(np.clip(qk.sum() / total.sum(), 0.0, 1.0)) if total.sum() > 0 else 0.0

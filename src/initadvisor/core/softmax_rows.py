@@ -366,3 +366,32 @@ def _key_moments(sig, n, stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
             full[row, grp] = x / mean[at]
             out.append(full)
     return tuple(np.where(np.isfinite(x), x, 1.0) for x in out)
+
+
+def power_sums(s, m) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(E[Y2], E[Y3], E[Y2^2], E[Y4]) of rows of m i.i.d. N(0, s^2) logits (s <= 30), one quadrature for all four so
+    that gradients.jacobian_form's differences of them stay consistent: m E[A^k] = m / Gamma(k) int t^k psi_k
+    phi^(m - 1) d ln t and E[sum_(i != j) A_i^2 A_j^2] = m (m - 1) / Gamma(4) int (t^2 psi_2)^2 phi^(m - 2) d ln t, at
+    the key shares' std nodes (_key_node), log-linear in ln(1 + 2 s) between them: a whole array of rows at once, where
+    row_moments is the direct quadrature at one s. One key: all 1."""
+    s, m = np.broadcast_arrays(np.clip(np.nan_to_num(np.asarray(s, dtype=float)), 0.0, 30.0),
+                               np.maximum(np.asarray(m, dtype=float), 1.0))
+    u = np.log1p(2.0 * s) / _KS_STEP
+    j = u.astype(int)
+    out = np.empty((4,) + s.shape)
+    for node in np.unique(j):  # each row at its two nodes (a deep stack's rows: a few nodes each)
+        at = j == node
+        mm = m[at][:, None]
+        hi = math.expm1((node + 1) * _KS_STEP) / 2.0  # the integrands' reach in ln t, as in _key_moments
+        keep = (_KS_W > -_Z_MAX * hi - math.log(float(mm.max())) - 15.0) & (_KS_W < _Z_MAX * hi + 15.0)
+        y = []
+        for n in (node, node + 1):
+            lp, _, l2, l3, l4 = _key_node(int(n), 1)[:, keep]
+            e2, e3, e4 = (np.exp(lk[None, :] + (mm - 1.0) * lp[None, :]).sum(axis=1) for lk in (l2, l3, l4))
+            pair = np.exp(2.0 * l2[None, :] + np.maximum(mm - 2.0, 0.0) * lp[None, :]).sum(axis=1)
+            m1 = m[at] * _KS_H
+            y.append(np.array([m1 * e2, m1 * e3 / 2.0, m1 * (e4 + (m[at] - 1.0) * pair) / 6.0, m1 * e4 / 6.0]))
+        f = u[at] - node
+        with np.errstate(divide="ignore"):
+            out[:, at] = np.exp(np.log(y[0]) * (1.0 - f) + np.log(y[1]) * f)
+    return tuple(np.where(m <= 1.0, 1.0, x) for x in out)
