@@ -244,7 +244,7 @@ def test_power_sums_against_sampled_rows_and_the_table(s, m):
     """E[Y2], E[Y3], E[Y2^2], E[Y4] from one quadrature at the std nodes, for arrays of rows (jacobian_form's
     differences of them): within 0.5% of the shipped table's first three and of row_moments' direct quadrature's E[Y4]
     (measured: 0.2%), and within 2% (+4 standard errors) of 40000 sampled rows; one key gives 1, a row of zero variance
-    1/m^(k - 1)."""
+    1/m^(k - 1); a nan std (an unresolved row) gives nan."""
     got = np.array([float(x) for x in power_sums(s, m)])
     np.testing.assert_allclose(got[:3], [float(x[0]) for x in expected_y(np.array([s]), np.array([float(m)]))],
                                rtol=0.005)
@@ -257,3 +257,4 @@ def test_power_sums_against_sampled_rows_and_the_table(s, m):
         assert abs(g - x.mean()) <= 0.02 * x.mean() + 4 * x.std() / np.sqrt(len(x)), (g, x.mean())
     np.testing.assert_allclose([float(x) for x in power_sums(0.0, m)], [1 / m, 1 / m**2, 1 / m**2, 1 / m**3], rtol=1e-4)
     assert [float(x) for x in power_sums(s, 1)] == [1.0] * 4
+    assert all(np.isnan(x[1]) and x[0] == pytest.approx(y) for x, y in zip(power_sums(np.array([s, np.nan]), m), got))

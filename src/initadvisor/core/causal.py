@@ -363,10 +363,16 @@ def pair_kernel(act: str, C: np.ndarray) -> np.ndarray:
 # Causal attention rows
 
 
+def row_std(beta, bc, lnT: float):
+    """A row's score std beta sqrt(2 ln T) / bc (beta is defined with the spec's ln T; inf where bc is 0)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return float(beta) * math.sqrt(2.0 * lnT) / bc
+
+
 def row_x(beta, bc: np.ndarray, lnT: float, m: np.ndarray) -> np.ndarray:
     """x = beta_m / bc_m of rows of m keys, beta_m = beta sqrt(ln T / ln m) (inf or nan for one key)."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        return float(beta) * math.sqrt(2.0 * lnT) / bc / np.sqrt(2.0 * np.log(m))
+        return row_std(beta, bc, lnT) / np.sqrt(2.0 * np.log(m))
 
 
 def row_statistics(beta, bc: np.ndarray, lnT: float, m: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, tuple]:
@@ -379,7 +385,7 @@ def row_statistics(beta, bc: np.ndarray, lnT: float, m: np.ndarray | None = None
         m = np.arange(1, bc.shape[0] + 1, dtype=float)
     lnm = np.log(m)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        s = float(beta) * math.sqrt(2.0 * lnT) / bc
+        s = row_std(beta, bc, lnT)
         x = row_x(beta, bc, lnT, m)
     one = m <= 1
     v = np.where(one, 0.0, 2.0 * np.minimum(np.where(one, 0.0, x), 0.5) ** 2 * lnm)

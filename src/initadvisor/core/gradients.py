@@ -46,7 +46,8 @@ def jacobian_form(m, y2, y3, y22, y4, sums):
         e211 = np.where(m > 2, (y2 - 2.0 * y3 - y22 + 2.0 * y4) / m3, 0.0)
         e1111 = np.where(m > 3, (1.0 - 6.0 * y2 + 3.0 * y22 + 8.0 * y3 - 6.0 * y4) / m4, 0.0)
         t1 = y2 / m * dKC + (1.0 - y2) / m2 * (KC - dKC)  # sum A_i A_j K_ij C_ij
-        t2 = e111 * T3 + (e21 - e111) * (Sdr + KC) + (y3 / m - 3.0 * e21 + 2.0 * e111) * dKC  # sum A_i A_j A_k K_ij C_ik
+        # sum A_i A_j A_k K_ij C_ik
+        t2 = e111 * T3 + (e21 - e111) * (Sdr + KC) + (y3 / m - 3.0 * e21 + 2.0 * e111) * dKC
         t4 = (e1111 * R * Ct + (e211 - e1111) * (dK * Ct + R * dC + 4.0 * T3)  # (A^T K A)(A^T C A)
               + (e22 - 2.0 * e211 + e1111) * (dK * dC + 2.0 * KC) + 2.0 * (e31 - 3.0 * e211 + 2.0 * e1111) * Sdr
               + (y4 / m - 4.0 * e31 - 3.0 * e22 + 12.0 * e211 - 6.0 * e1111) * dKC)

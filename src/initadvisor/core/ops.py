@@ -742,8 +742,7 @@ class Attention:
         phi = att.coweighting(m[ends], cz.row_x(P.beta, bc, lnT, m)[ends], sums)
         shares = None  # (centered rows: the rows' means are taken off, and there is no position-resolved backward)
         if not P.centered:
-            with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-                shares = self._key_shares(G, qf, Pm, float(P.beta) * math.sqrt(2.0 * lnT) / bc[ends])
+            shares = self._key_shares(G, qf, Pm, cz.row_std(P.beta, bc[ends], lnT))
 
         g_v, b_v2 = float(P.g_v), float(P.b_v2)
         gap_v = g_v * np.maximum(qbar - pbar, 0.0)  # values are not turned
@@ -879,7 +878,7 @@ class Attention:
             else 1.0
         two = m >= 2
         with np.errstate(divide="ignore", invalid="ignore"):
-            sig = median((float(P.beta) * math.sqrt(2.0 * lnT) / bc)[two])
+            sig = median(cz.row_std(P.beta, bc, lnT)[two])
             c = median((e * qbar * kap / (qbar - kbar))[two])
         if not (np.isfinite(sig) and np.isfinite(c)):
             return None
@@ -1023,9 +1022,9 @@ class Attention:
         """W_O, the causal rows' transpose (causal.mix_backward_rows: row t's moments at its t keys, each key at its
         share of the row's E[A^2], _key_shares), W_V, and the query/key path (_qk_rows, from the rows' geometry the
         forward kept): row t's scores' gradient back through W_Q to its query (a g_t) and through W_K to its keys
-        (a_key g_t / t each at the key's share of E[(M^2)_jj] = E[A^2 (1 - 2 A + Y2)], summing to zero over them: -1/(t - 1) of it
-        between two keys) and two rows' scores' gradients through the queries' common part (h, as often as the rows
-        overlap). The bidirectional map's cross-moment terms of the path (_qk_gain's x and the column term's -b gp /
+        (a_key g_t / t each at the key's share of E[(M^2)_jj] = E[A^2 (1 - 2 A + Y2)], summing to zero over them:
+        -1/(t - 1) of it between two keys) and two rows' scores' gradients through the queries' common part (h, as
+        often as the rows overlap). The bidirectional map's cross-moment terms of the path (_qk_gain's x and the column term's -b gp /
         (T - 1)) are left out here: one causal operation's gp is within 4% of the numpy network without them, 7-46%
         high with both, 7-25% low with x alone (test_causal)."""
         P = self.P
@@ -1057,8 +1056,7 @@ class Attention:
             with np.errstate(invalid="ignore", divide="ignore"):
                 kd, kp = cz.window_sums(ek / w, np.where(w > 1, -ek / (w * (w - 1.0)), 0.0), *rows.keys[:2])
         if rows.structure is not None and e.sum() > 1e-5 * g_v * B.qf.sum():  # the query half over the keys' structure
-            with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-                s = float(P.beta) * math.sqrt(2.0 * rows.qk[0]) / rows.beta_c
+            s = cz.row_std(P.beta, rows.beta_c, rows.qk[0])
             e = e * self._key_structure(G, s, *rows.structure)  # (skipped where it cannot show)
         qk = e + kd + cols
         total = g_v * B.qf + qk

@@ -356,9 +356,7 @@ def _key_moments(sig, n, stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
         r1, r2, r3, r4 = (np.exp(np.minimum(t - lp, 300.0)) for t in lk)  # t^k psi_k / phi per node (nodes, w)
         nodes = (prod @ r1.T, prod @ r2.T, prod @ r3.T / 2.0, prod @ r4.T / 6.0,  # / Gamma(k)
                  ((prod * (c @ r2)) @ r2.T - prod @ (r2 * r2).T) / 6.0)  # E[A_j^2 A_k^2] over the row's other keys
-        # (the last can round below 0 where a row's keys are few: its nodes subtract a key at the node's std, not its own)
-        m1, m2, m3, m4, mx = (np.exp(np.log(L[row, i0]) * (1.0 - f) + np.log(L[row, i0 + 1]) * f)
-                              for L in (np.maximum(x, 1e-300) for x in nodes))
+        m1, m2, m3, m4, mx = (np.exp(np.log(L[row, i0]) * (1.0 - f) + np.log(L[row, i0 + 1]) * f) for L in nodes)
         out = []
         for x in (m1, m2, m2 - 2.0 * m3 + m4 + mx):  # E[A], E[A^2], E[(M^2)_jj] = E[A^2 (1 - 2 A + Y2)]
             mean = np.add.reduceat(nk * x, starts) / np.add.reduceat(nk, starts)  # the row's mean over its keys
@@ -373,9 +371,9 @@ def power_sums(s, m) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     that gradients.jacobian_form's differences of them stay consistent: m E[A^k] = m / Gamma(k) int t^k psi_k
     phi^(m - 1) d ln t and E[sum_(i != j) A_i^2 A_j^2] = m (m - 1) / Gamma(4) int (t^2 psi_2)^2 phi^(m - 2) d ln t, at
     the key shares' std nodes (_key_node), log-linear in ln(1 + 2 s) between them: a whole array of rows at once, where
-    row_moments is the direct quadrature at one s. One key: all 1."""
-    s, m = np.broadcast_arrays(np.clip(np.nan_to_num(np.asarray(s, dtype=float)), 0.0, 30.0),
-                               np.maximum(np.asarray(m, dtype=float), 1.0))
+    row_moments is the direct quadrature at one s. One key: all 1; an unresolved row (s nan): nan."""
+    s0, m = np.broadcast_arrays(np.asarray(s, dtype=float), np.maximum(np.asarray(m, dtype=float), 1.0))
+    s = np.clip(np.nan_to_num(s0), 0.0, 30.0)
     u = np.log1p(2.0 * s) / _KS_STEP
     j = u.astype(int)
     out = np.empty((4,) + s.shape)
@@ -394,4 +392,4 @@ def power_sums(s, m) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         f = u[at] - node
         with np.errstate(divide="ignore"):
             out[:, at] = np.exp(np.log(y[0]) * (1.0 - f) + np.log(y[1]) * f)
-    return tuple(np.where(m <= 1.0, 1.0, x) for x in out)
+    return tuple(np.where(np.isnan(s0), np.nan, np.where(m <= 1.0, 1.0, x)) for x in out)
