@@ -103,7 +103,7 @@ def _mass(vocab: int, m: np.ndarray, sigma: float, c: float) -> tuple[np.ndarray
         R[two] = np.sum(pi * (np.einsum("z,muz,muzk->muk", wz, tpsi**2, E) @ ps2), axis=1) * m[two] ** 2
         g = np.einsum("mu,muz,muzk->mzk", pi, tpsi, E)
         fz[two] = g / ((wz @ g) @ ps)[:, None, None]
-    return R, wz @ fz, fz, wz
+    return R, np.where(two[:, None], wz @ fz, 1.0), fz, wz  # (one key: 1 exactly, not the z weights' rounded sum)
 
 
 def repeat_excess(vocab: int, m, sigma: float, c: float) -> np.ndarray:
