@@ -470,6 +470,41 @@ def test_verify_counts_the_address_space_limit(tmp_path):
     assert res.returncode == 2 and "GiB" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
 
 
+LATENT_WIDE = ("model: {layers: 2, d_model: 16, heads: 1, d_ff: 16, norm: pre, rope_theta: 10000}\n"
+               "latent_attention: {kv_rank: 8, nope_dim: 64, rope_dim: %d, v_dim: 16, down_std: %g}\n"
+               "sequence: {length: 64}\ninit: {std: 1.0}\n")
+
+
+@pytest.mark.parametrize("rope,down", [(2, 1e-3), (6, 0.02), (0, 0.02), (2, 0.5)])
+def test_verify_memory_counts_the_heads_as_drawn(rope, down):
+    """The memory estimate holds at least the weights the numpy network draws, and the query and key projections
+    the forward computes (T x heads x d_head floats each): latent attention's equivalent heads are rope_dim over the
+    rotary key's share of the logits wide, 32 million coordinates at down_std 1e-3, where the estimate counted d_model
+    and verify died allocating 9.75 GiB (the property test's run)."""
+    import yaml
+
+    from initadvisor.core.ops import leaves
+    from initadvisor.simulate import memory_needed
+    from initadvisor.stack import block_params, from_spec
+
+    spec = build_spec(yaml.safe_load(LATENT_WIDE % (rope, down)))
+    P = block_params(spec)
+    drawn = sum(math.prod(shape) for ops in from_spec(spec).blocks for op in leaves(ops)
+                for _, shape, *_ in (op.draws() or ()))
+    assert drawn > 2 * spec.layers * spec.d_model * P.heads * P.d_head  # (the projections are counted)
+    projections = 2 * spec.seq_len * P.heads * P.d_head
+    assert memory_needed(spec, 1, 4) >= 4 * (drawn + spec.layers * projections)
+
+
+def test_verify_refuses_latent_heads_too_wide_for_memory(tmp_path):
+    """The spec of the property test's run: one line, exit 2, before allocating."""
+    spec = tmp_path / "wide.yaml"
+    spec.write_text(LATENT_WIDE % (2, 1e-3))
+    res = subprocess.run([sys.executable, "-m", "initadvisor", "verify", str(spec), "--seeds", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "GiB" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
 @pytest.mark.parametrize("std,qk_beta", [(0.02, 0.5), (1.8e-8, 4e5), (1.26e-7, 0.13)])
 def test_latent_qk_beta_round_trips_whatever_softmax_scale_it_needs(std, qk_beta):
     """Latent attention realises init.qk_beta by its softmax scale, which can leave model.softmax_scale's range

@@ -37,7 +37,7 @@ from initadvisor.core.causal import thirds
 from initadvisor.core.model import Stack
 from initadvisor.core.ops import GATED, Attention, find, leaves, normal, numpy_backward, numpy_forward
 from initadvisor.spec import Spec, SpecError
-from initadvisor.stack import from_spec
+from initadvisor.stack import block_params, from_spec
 
 
 # ------------------------------------------------------------------------------------------------
@@ -79,8 +79,10 @@ def memory_needed(spec: Spec, batch: int, itemsize: int, tables: bool = False) -
     if spec.moe is not None:  # every expert (and the shared ones) runs on every token in the numpy network
         f = max(f, (spec.moe.experts + spec.moe.shared) * spec.moe.d_ff)
     gates = 2 if spec.activation in GATED else 1
-    weights = 4 * d * d + (1 + gates) * d * f
-    per_block = (2 + (spec.attention_dropout > 0)) * H * T * T + 8 * T * d + (1 + 2 * gates) * T * f
+    P = block_params(spec)  # the projections' widths as built: head_dim, GQA, latent attention's equivalent heads
+    att = (P.heads + P.kv_heads) * P.d_head  # queries and outputs, keys and values
+    weights = 2 * d * att + (1 + gates) * d * f
+    per_block = (2 + (spec.attention_dropout > 0)) * H * T * T + 4 * T * d + 2 * T * att + (1 + 2 * gates) * T * f
     w = spec.embedding_width or d  # the tables' width, projected to d by a w x d matrix where it differs
     table = spec.vocab * w + (T if "position" in spec.embeddings else 0) * w if tables else 0
     proj = w * d + batch * 2 * T * w if spec.embedding_width else 0
