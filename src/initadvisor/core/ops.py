@@ -1293,7 +1293,9 @@ class Attention:
         ek = a_key * g
         qk = a * g + ek + blocks.pairs(Pg * h * h * rows.overlap)[0] / float(n * n)
         total = g_v * diag + qk
-        rows.qk_share = float(np.clip(qk / total, 0.0, 1.0)) if total > 0 else 0.0
+        with np.errstate(invalid="ignore"):  # (a gradient at the overflow clamp: inf / inf, no share to report)
+            share = qk / total if total > 0 else 0.0
+        rows.qk_share = float(np.clip(share, 0.0, 1.0)) if np.isfinite(share) else 0.0
         return total, g_v * out - common * ek / (n * (n - 1.0))
 
     def draws(self):
