@@ -696,8 +696,7 @@ class Attention:
                                               P.seq_len)
             gq, gp = att.mix_backward(gq, gp, c.mom, P.seq_len, col)
         total = P.g_v * gq + qk
-        with np.errstate(invalid="ignore", divide="ignore"):
-            c.qk_share = np.where(total > 0, np.clip(qk / total, 0.0, 1.0), 0.0)  # (the column term can be negative)
+        c.qk_share = _path_share(qk, total)  # (the column term can be negative)
         return total, P.g_v * gp + np.where(np.isfinite(qk_p), qk_p, 0.0)
 
     def causal(self, G, S):
@@ -1060,7 +1059,7 @@ class Attention:
             e = e * self._key_structure(G, s, *rows.structure)  # (skipped where it cannot show)
         qk = e + kd + cols
         total = g_v * B.qf + qk
-        rows.qk_share = float(np.clip(qk.sum() / total.sum(), 0.0, 1.0)) if total.sum() > 0 else 0.0
+        rows.qk_share = float(_path_share(qk.sum(), total.sum()))
         return cz.State(total, g_v * B.P + kp)
 
     def _causal_alibi(self, G, S):
@@ -1131,7 +1130,7 @@ class Attention:
         Bp = B.mean(0)
         Bp[idx, idx] = 0.0
         total = g_v * Bd.mean(0) + qk
-        rows.qk_share = float(np.clip(qk.sum() / total.sum(), 0.0, 1.0)) if total.sum() > 0 else 0.0
+        rows.qk_share = float(_path_share(qk.sum(), total.sum()))
         return cz.State(total, g_v * Bp)
 
     def _causal_window(self, G, S):
@@ -1293,9 +1292,7 @@ class Attention:
         ek = a_key * g
         qk = a * g + ek + blocks.pairs(Pg * h * h * rows.overlap)[0] / float(n * n)
         total = g_v * diag + qk
-        with np.errstate(invalid="ignore"):  # (a gradient at the overflow clamp: inf / inf, no share to report)
-            share = qk / total if total > 0 else 0.0
-        rows.qk_share = float(np.clip(share, 0.0, 1.0)) if np.isfinite(share) else 0.0
+        rows.qk_share = float(_path_share(qk, total))
         return total, g_v * out - common * ek / (n * (n - 1.0))
 
     def draws(self):
@@ -1467,6 +1464,14 @@ class Attention:
             w = mask.to(v.dtype) if mask is not None else torch.ones(T, T, dtype=v.dtype, device=u.device)
             out = out - (w / w.sum(-1, keepdim=True)) @ v
         return m.o(out.transpose(1, 2).reshape(B, T, h * P.d_head))
+
+
+def _path_share(qk, total):
+    """The query/key path's share of a gradient's total, in [0, 1]; 0 where there is no gradient, or where it reached the
+    overflow clamp (inf / inf: no share to report)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.divide(qk, total)
+    return np.where((np.asarray(total) > 0) & np.isfinite(share), np.clip(share, 0.0, 1.0), 0.0)
 
 
 def _alibi_mixing(y2, w2, drop: float):
