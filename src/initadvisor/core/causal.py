@@ -90,7 +90,9 @@ _SINGLE = 32  # positions 1.._SINGLE are their own group
 _RATIO = 1.1  # then each group ends at about _RATIO x the previous edge (K = 78 groups at T = 2048; 1.05, 120 groups, took
 # 35-40% longer and moved rho, q and the gradient by at most 2.5e-3 relative, 5e-5 typically: against the full T x T
 # resolution, 1.3e-5 / 4.8e-5 (1.05 / 1.1) for GPT-2 small, 1.2e-3 / 2.5e-3 for OLMo 2 at T 2048, 1.7e-4 / 6.3e-4
-# for a 24-layer rotary SwiGLU stack at T 4096)
+# for a 24-layer rotary SwiGLU stack at T 4096). Past beta_c in post-LN, where rows weigh their keys unequally
+# (Attention._key_shares at each group's last row), the gradient moves more: paper 001's encoder at T 512 is 2.7% / 6.4%
+# below full resolution at 1.5 / 2.5 beta_c (1.4% / 3.3% at 1.05), rho within 6e-4
 _KEEP_CELLS = 4 * 10**7  # the backward keeps every block's forward caches up to this many numbers (320 MB)
 
 
@@ -668,12 +670,17 @@ def pair_suffix(G: _Grid, Pm: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np
 def row_sums(G: _Grid, f_diag: np.ndarray, f_pair: np.ndarray, shares: np.ndarray | None = None
              ) -> tuple[np.ndarray, np.ndarray]:
     """What rows t send back to their keys s <= t: per position sum_{t >= s} f_diag_t (times key s's share of row t,
-    shares[group t, group s], where rows weigh their keys unequally), and per group pair the mean over keys s in g,
+    shares[group t, group s] over its mean over row t's keys, where rows weigh their keys unequally: shares are
+    normalised at each group's last row, and a row before it reads only part of its group's keys), and per group pair the mean over keys s in g,
     s' in h (s != s') of sum_{t >= max(s, s')} f_pair_t (the later group's share i / n)."""
     idx, i, n = np.arange(len(G.n)), G.i, G.n
     if shares is None:
         diag = np.cumsum(f_diag[::-1])[::-1]
     else:  # the later groups' rows at their share, the key's own group's at its diagonal one
+        earlier = np.sum(np.tril(shares, -1) * G.keys, axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            c = G.m / (earlier[G.gid] + G.i * np.diag(shares)[G.gid])
+        f_diag = f_diag * np.where(np.isfinite(c) & (c > 0), c, 1.0)
         later = np.tril(shares, -1).T @ G.segsum(f_diag)
         diag = later[G.gid] + np.diag(shares)[G.gid] * suffix_within(G, f_diag)
     seg = G.segsum(f_pair)
