@@ -671,8 +671,9 @@ def row_sums(G: _Grid, f_diag: np.ndarray, f_pair: np.ndarray, shares: np.ndarra
              ) -> tuple[np.ndarray, np.ndarray]:
     """What rows t send back to their keys s <= t: per position sum_{t >= s} f_diag_t (times key s's share of row t,
     shares[group t, group s] over its mean over row t's keys, where rows weigh their keys unequally: shares are
-    normalised at each group's last row, and a row before it reads only part of its group's keys), and per group pair the mean over keys s in g,
-    s' in h (s != s') of sum_{t >= max(s, s')} f_pair_t (the later group's share i / n)."""
+    normalised at each group's last row, and a row before it reads only part of its group's keys), and per group
+    pair the mean over keys s in g, s' in h (s != s') of sum_{t >= max(s, s')} f_pair_t (the later group's share
+    i / n)."""
     idx, i, n = np.arange(len(G.n)), G.i, G.n
     if shares is None:
         diag = np.cumsum(f_diag[::-1])[::-1]
