@@ -3,6 +3,7 @@ the attention phases.
 
 Usage: OPENBLAS_NUM_THREADS=1 python benchmarks/phase_fidelity.py [--layers 50] [--d 720] [--seeds 4]
                                                                   [--cells post:1.5:64:bi,...] [--json out.json]
+                                                                  [--reports DIR]
                                                                   [--backend torch --device cuda]
 
 Grid: norm {post, pre} x beta / beta_c at block 1 {0.25, 0.5, 0.7, 1.0, 1.5, 2.5} x T {64, 512} x {bidirectional,
@@ -12,7 +13,8 @@ init.qk_beta; d 720 is the width of issue 13's own simulation (at d 256 the widt
 beta_c: a narrower network is further from the engine's infinite-width law there). Prints per cell the largest error
 over the layers of rho (absolute), the IPR (relative) and the gradient q normalised at the top (relative), with the
 layer where it occurs and its size in the measurement's standard errors (|z|: past beta_c a post-LN gradient is
-heavy-tailed over weight draws, and a large error with a small |z| is a draw, not the engine). Asserts nothing.
+heavy-tailed over weight draws, and a large error with a small |z| is a draw, not the engine). --reports keeps each
+cell's whole `verify` report (every layer) as DIR/<norm>-<ratio>-<T>-<bi|causal>.json. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--cells", default="", help="comma-separated norm:ratio:T:bi|causal (default: the whole grid)")
     ap.add_argument("--json", default="")
+    ap.add_argument("--reports", default="", help="a folder for each cell's whole verify report (JSON)")
     ap.add_argument("--backend", default="numpy", help="verify's backend: numpy, or torch (no IPR measured)")
     ap.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
     args = ap.parse_args()
@@ -87,6 +90,10 @@ def main() -> None:
                 except SystemExit:
                     pass
             rep = json.loads(buf.getvalue())
+            if args.reports:
+                Path(args.reports).mkdir(parents=True, exist_ok=True)
+                name = f"{norm}-{ratio}-{T}-{'causal' if causal else 'bi'}.json"
+                (Path(args.reports) / name).write_text(json.dumps(rep, indent=1))
             row = {"norm": norm, "ratio": ratio, "T": T, "causal": causal, "seconds": time.perf_counter() - t0}
             for key in ("rho", "ipr", "grad_q"):
                 row[key], row[key + "_layer"], row[key + "_z"] = worst(rep["layers"], key)
