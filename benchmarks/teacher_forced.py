@@ -82,10 +82,20 @@ def main() -> None:
     def bands(x, ref):
         return " ".join(f"[{a}:{b}] {x[a:b].mean() / ref[a:b].mean() - 1:+.1%}" for a, b in BANDS)
 
+    m, t = np.arange(1, T + 1.0), np.arange(4, T)
+
+    def alike_engine(rows):  # the engine's rows t >= 4: E A_tj^2 at the key shares, the uniform pair moment
+        sh = np.ones((T, T)) if rows.shares is None else rows.shares[1]
+        diag = (rows.y2[t] / m[t]) @ sh[t, :4]
+        pair = np.sum((1.0 - rows.y2[t]) / (m[t] * (m[t] - 1.0)))
+        return (pair / np.sqrt(np.outer(diag, diag)))[off4].mean()
+
     print(f"{args.cell}, {args.sequences} sequences; errors engine / network - 1")
-    run, cum = state(D[L]), 0.0
+    run, cum, engine_alike = state(D[L]), 0.0, {}
     for k in range(L - 1, -1, -1):
         S, caches = causal_forward(net.blocks[k], G, state(C[k]))
+        if (L - 1 - k) % 3 == 0:
+            engine_alike[k] = alike_engine(find(net.blocks[k], caches, Attention))
         one = causal_backward(net.blocks[k], G, state(D[k + 1]), caches)
         run = causal_backward(net.blocks[k], G, run, caches)
         up, dm = np.diag(D[k + 1]).mean(), np.diag(D[k])
@@ -103,18 +113,10 @@ def main() -> None:
                     f"{corr4(one.qf, one.P):.3f}, run {corr4(run.qf, run.P):.3f}", flush=True)
 
     print("late rows' weights on keys 0-3, mean correlation over the rows: network / engine")
-    m = np.arange(1, T + 1.0)
-    t = np.arange(4, T)
     for k in range(L - 1, -1, -3):
-        S, caches = causal_forward(net.blocks[k], G, state(C[k]))
-        rows = find(net.blocks[k], caches, Attention)
-        sh = np.ones((T, T)) if rows.shares is None else rows.shares[1]
-        diag = np.array([np.sum(rows.y2[t] * sh[t, j] / m[t]) for j in range(4)])
-        pair = np.sum((1.0 - rows.y2[t]) / (m[t] * (m[t] - 1.0)))
         M = alike[k]
         net_c = (M / np.sqrt(np.outer(np.diag(M), np.diag(M))))[off4].mean()
-        print(f"{k:2d} {net_c:.3f} / {(pair / np.sqrt(np.outer(diag, diag)))[off4].mean():.3f}")
-
+        print(f"{k:2d} {net_c:.3f} / {engine_alike[k]:.3f}")
 
 if __name__ == "__main__":
     sys.exit(main())
