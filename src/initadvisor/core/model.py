@@ -13,6 +13,7 @@ from functools import cached_property
 import numpy as np
 
 from initadvisor.core.attention import HUGE  # moments are clamped to [1/HUGE, HUGE] after every block
+from initadvisor.core.walk import gradient_factor
 from initadvisor.core.ops import Attention, BlockParams, Embeddings, block, find, moments_backward, \
     moments_forward, spread_forward
 
@@ -104,7 +105,12 @@ def propagate(stack: Stack, backward: bool = True) -> Trace:
                 gq, gp = _clamp(gq, gp, 0.0)
                 gqs.append(gq)
                 gps.append(gp)
-    gqs, gps = _stack(gqs[::-1], shape), _stack(gps[::-1], shape)
+    gqs, gps = gqs[::-1], gps[::-1]
+    if backward and all(P.d_model for P in stack.layers):  # the mean over sequences: the rho walk (walk.py)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            f = gradient_factor(blocks, [P.d_model for P in stack.layers], qs, ps, gqs, gps)[0]
+            gqs, gps = map(list, zip(*(_clamp(g * x, h * x, 0.0) for g, h, x in zip(gqs, gps, f))))
+    gqs, gps = _stack(gqs, shape), _stack(gps, shape)
 
     atts = [find(ops, c, Attention) for ops, c in zip(blocks, caches)]
 
