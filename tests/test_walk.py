@@ -5,7 +5,10 @@ The walk's spread is checked against the numpy network's sequences (each its own
 post-LN 2.5 beta_c, T 64, 96 sequences, the predicted standard deviation of a sequence's rho is 0.75-1.03 of the
 measured one at layers 4-24 over rng seeds 0-2 (the measured one's own noise is 7%; the input's spread and the
 finite-T part, which the walk leaves out, make up the rest). Without the residual sums' cross term it is 0.18-0.24.
-The gradient's factor is checked against its direct sum over every pair of blocks.
+The gradient's factor is checked against its direct sum over every pair of blocks, and the mean gradient against the
+network's sequences where the walk moves it: d 256, 40 layers, 128 sequences, the engine over the measured mean has a
+geometric mean over layers 8-32 of 0.80 / 1.20 / 0.84 (rng seeds 0-2; the mean's standard error there 15-35%), without
+the walk 0.61 / 0.92 / 0.64.
 """
 
 import sys
@@ -25,13 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from phase_fidelity import spec_for  # noqa: E402
 
 
-@pytest.mark.parametrize("seed", [0])
-def test_walk_spread_against_the_numpy_network(seed):
+def test_walk_spread_against_the_numpy_network():
     d, L, n = 256, 24, 96
     net = from_spec(build_spec(spec_for("post", 2.5, 64, False, L, d)))
     t = propagate(net)
     V = walk.gradient_factor(net.blocks, [d] * L, t.q, t.p, list(t.grad_q), list(t.grad_p))[2]
-    runs = [run_one(net, 1, np.random.default_rng([seed, i]), weight_grads=False) for i in range(n)]
+    runs = [run_one(net, 1, np.random.default_rng([0, i]), weight_grads=False) for i in range(n)]
     rho = np.concatenate([r["p"] / r["q"] for r in runs])
     ratio = np.sqrt(V) / rho.std(axis=0, ddof=1)
     assert np.all((ratio[4:] > 0.65) & (ratio[4:] < 1.15)), ratio
@@ -71,3 +73,14 @@ def test_gradient_factor_is_the_direct_sum():
     for i in range(L):
         var = s[i, i:] @ cov[i:, i:] @ s[i, i:]
         assert f[i] == pytest.approx(np.exp(0.5 * var), rel=1e-6), i
+
+
+def test_mean_gradient_against_the_numpy_network():
+    d, L, n = 256, 40, 128
+    net = from_spec(build_spec(spec_for("post", 2.5, 64, False, L, d)))
+    t = propagate(net)
+    runs = [run_one(net, 1, np.random.default_rng([0, i]), weight_grads=False) for i in range(n)]
+    g = np.concatenate([r["gq"] for r in runs])
+    ratio = t.grad_q / (g / g[:, -1:]).mean(axis=0)
+    geo = np.exp(np.log(ratio[8:32]).mean())
+    assert 0.72 <= geo <= 1.4, ratio
