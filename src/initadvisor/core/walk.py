@@ -18,6 +18,7 @@ import numpy as np
 from initadvisor.core.ops import Residual, moments_backward, moments_forward
 
 _H = 1e-3  # the step in rho of the finite differences
+_CHUNK = 1024  # layers per stacked pass (x 10 states: a causal column's per-row temporaries stay within tens of MB)
 
 
 def _rho(q, p):
@@ -59,10 +60,10 @@ def gradient_factor(blocks, widths, qs, ps, gqs, gps) -> tuple[list, list, list]
     gradient chain (index 0..L)."""
     L = len(blocks)
     a, M, D, fresh = [None] * L, [None] * L, [None] * L, [None] * L
-    groups: dict[int, list[int]] = {}  # layers that share their operations: one pass for all of them
+    groups: dict[int, list[int]] = {}  # layers that share their operations: one pass for up to _CHUNK of them
     for l, ops in enumerate(blocks):
         groups.setdefault(id(ops), []).append(l)
-    for idx in groups.values():
+    for idx in (g[i:i + _CHUNK] for g in groups.values() for i in range(0, len(g), _CHUNK)):
         ops, n = blocks[idx[0]], len(idx)
         both = np.broadcast_arrays(*(np.asarray(x[l], dtype=float) for x in (qs, ps) for l in idx))  # (grids)
         q0, p0 = np.stack(both[:n]), np.stack(both[n:])
