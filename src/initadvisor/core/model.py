@@ -13,9 +13,9 @@ from functools import cached_property
 import numpy as np
 
 from initadvisor.core.attention import HUGE  # moments are clamped to [1/HUGE, HUGE] after every block
-from initadvisor.core.walk import gradient_factor
 from initadvisor.core.ops import Attention, BlockParams, Embeddings, block, find, moments_backward, \
     moments_forward, spread_forward
+from initadvisor.core.walk import gradient_factor
 
 
 @dataclass(frozen=True)
