@@ -437,7 +437,8 @@ def _clamp(G: _Grid, S: State) -> State:
     qg = gmean(G, qf)
     bound = np.multiply.outer(np.sqrt(qg), np.sqrt(qg))
     R = None if S.R is None else np.clip(np.nan_to_num(S.R, nan=0.0), -bound, bound)
-    u = None if S.u is None else np.clip(np.nan_to_num(S.u, nan=0.0, posinf=0.0), 0.0, qf * qf)  # as clamp_spread
+    with np.errstate(over="ignore"):  # (q up to HUGE: its square's bound is inf)
+        u = None if S.u is None else np.clip(np.nan_to_num(S.u, nan=0.0, posinf=0.0), 0.0, qf * qf)  # as clamp_spread
     return State(qf, np.clip(np.nan_to_num(S.P, nan=0.0), -bound, bound), R, S.w, u)
 
 

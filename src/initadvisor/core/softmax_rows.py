@@ -279,32 +279,68 @@ _KS_H, _KS_STEP = 0.5, 0.04  # the key shares' step in ln t, and their stds' in 
 _KS_W = np.arange(-_Z_MAX * 30.0 - 17.0 - 30.0, _Z_MAX * 30.0 + 30.0, _KS_H)  # ln t for every s <= 30, T <= e^17
 
 
-@lru_cache(maxsize=1024)
 def _key_node(j: int, stride: int) -> np.ndarray:
     """ln phi, ln(t^k psi_k) (k = 1, 2, 3, 4) over every stride-th point of _KS_W at the std s of u = j _KS_STEP
-    (5, w); each computed once."""
+    (5, w): a view of the whole grid's, computed once per std."""
+    return _key_node_all(j)[:, ::stride]
+
+
+_KEY_MAX = 100.0  # a key's largest score std: its scores within 3 stds of 0 reach ln t = +-300, _KS_W's ends
+
+
+@lru_cache(maxsize=256)  # j <= ln(1 + 2 _KEY_MAX) / _KS_STEP: 133 stds
+def _key_node_all(j: int) -> np.ndarray:
     sig = math.expm1(j * _KS_STEP) / 2.0
+    return _read_only(_wide_node(sig) if sig > S_MAX else _narrow_node(sig))
+
+
+def _narrow_node(sig: float) -> np.ndarray:
+    """_key_node_all's rows as Gaussian sums over z, the logits sig z at most _KS_H apart."""
     z, wz = _gauss(max(sig, 1.0), _KS_H, least=81)
-    y = _KS_W[::stride, None] + sig * z[None, :]
+    y = _KS_W[:, None] + sig * z[None, :]
     ey = np.exp(np.minimum(y, 700.0))
     with np.errstate(divide="ignore", over="ignore", under="ignore"):  # log 0 -> -1e6: e^-1e6 = 0, no nan from 0 x inf
         rows = [np.log1p(-np.minimum((-np.expm1(-ey)) @ wz, 1.0))] + [np.log(np.exp(k * y - ey) @ wz) for k in (1, 2, 3, 4)]
-    return _read_only(np.maximum(np.array(rows), -1e6))
+    return np.maximum(np.array(rows), -1e6)
+
+
+def _wide_node(sig: float) -> np.ndarray:
+    """_key_node_all's rows at a std past S_MAX, where the sum over z needs 36 sig nodes: the same Gaussian integrals
+    over y = ln t + a instead, numerically where the integrands turn (-40 <= y <= 6, step 1/4) and in closed form
+    beyond (e^-e^y = 1, 1 - e^-e^y = e^y below -40; 0 and 1 above 6), all in logs (within 2e-6 of step 1/10)."""
+    from scipy.special import log_ndtr, logsumexp  # imported on use: `check` rarely needs it
+
+    y = np.arange(-40.0, 6.125, 0.25)
+    tw = np.full(y.size, 0.25)
+    tw[[0, -1]] = 0.125
+    w = _KS_W[:, None]
+    ln_n = -0.5 * ((y[None, :] - w) / sig) ** 2 + np.log(tw / (sig * math.sqrt(2.0 * math.pi)))[None, :]
+    ey = np.exp(y)
+    w = _KS_W
+    with np.errstate(divide="ignore"):
+        above = np.logaddexp(logsumexp(ln_n + np.log(-np.expm1(-ey)), axis=1), log_ndtr((w - 6.0) / sig))
+        one_minus = np.logaddexp(above, w + 0.5 * sig * sig + log_ndtr((-40.0 - w - sig * sig) / sig))  # ln(1 - phi)
+        direct = np.logaddexp(logsumexp(ln_n - ey, axis=1), log_ndtr((-40.0 - w) / sig))  # ln phi
+        rows = [np.where(one_minus < -math.log(2.0), np.log1p(-np.exp(np.minimum(one_minus, 0.0))), direct)]
+    for k in (1, 2, 3, 4):  # below y = -40: int e^(k y) N(y; ln t, sig) dy
+        tail = k * w + 0.5 * (k * sig) ** 2 + log_ndtr((-40.0 - w - k * sig * sig) / sig)
+        rows.append(np.logaddexp(logsumexp(ln_n + k * y - ey, axis=1), tail))
+    return np.maximum(np.array(rows), -1e6)
 
 
 def key_shares(s, n, r) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rows whose keys' scores vary unequally: row i has n[i, g] keys whose logits are i.i.d. N(0, s_i^2 r[i, g]) (the
-    relative variances r averaging 1 over the row's keys, s_i <= 30). Per row and group, one key's E[A], E[A^2] and
-    E[(M^2)_jj] = E[A^2 (1 - 2 A + Y2)] (M = diag A - A A^T, the softmax's Jacobian: the key's part of E tr M^2) over
-    the row's mean of them (so sum_g n W = m): where a localized row's weight, and its scores' gradient, go. Uniform
-    rows (s r alike) give 1; a key of larger variance wins a localized row more often. The quadrature of the module
-    docstring with the keys' product over groups, E[A^k] = int t^k psi_k(t; s_g) prod_h phi(t; s_h)^n_h / phi(t; s_g)
-    d ln t / Gamma(k) (E[A_j^2 A_k^2]: t^4 psi_2(s_g) psi_2(s_h) / Gamma(4) over both phis), its Gaussian integrals at
-    stds 0.02 apart near 0 and 4% apart far (_key_node), log-linear in ln(1 + 2 s) between them: within 1% of sampled
-    rows (test_softmax_rows)."""
+    relative variances r averaging 1 over the row's keys, s_i <= 30; a key's std s_i r^(1/2) is taken at most 100, the
+    ln t grid's reach). Per row and group, one key's E[A], E[A^2] and E[(M^2)_jj] = E[A^2 (1 - 2 A + Y2)] (M = diag A -
+    A A^T, the softmax's Jacobian: the key's part of E tr M^2) over the row's mean of them (so sum_g n W = m): where a
+    localized row's weight, and its scores' gradient, go. Uniform rows (s r alike) give 1; a key of larger variance wins
+    a localized row more often. The quadrature of the module docstring with the keys' product over groups, E[A^k] = int
+    t^k psi_k(t; s_g) prod_h phi(t; s_h)^n_h / phi(t; s_g) d ln t / Gamma(k) (E[A_j^2 A_k^2]: t^4 psi_2(s_g) psi_2(s_h)
+    / Gamma(4) over both phis), its Gaussian integrals at stds 0.02 apart near 0 and 4% apart far (_key_node),
+    log-linear in ln(1 + 2 s) between them: within 1% of sampled rows (test_softmax_rows)."""
     s, n, r = (np.asarray(a, dtype=float) for a in (s, n, r))
     on = n > 0
-    sig = np.where(on, s[:, None] * np.sqrt(np.maximum(r, 0.0)), 0.0)
+    sig = np.where(on, np.minimum(s[:, None] * np.sqrt(np.maximum(r, 0.0)), _KEY_MAX), 0.0)
     out = tuple(np.ones_like(sig) for _ in range(3))
     moves = np.any(on & (2.0 * s[:, None] ** 2 * np.abs(r - 1.0) >= 1e-4), axis=1)  # rows whose shares move (e^(2 s^2 (r - 1)))
     lo = np.where(on, sig, np.inf).min(axis=1, initial=np.inf)
