@@ -66,8 +66,9 @@ def qk_to_v_grad_ratio(tau2, sigma_x2, rho, n, d):
 
 
 def balancing_tau(sigma_x2, rho, n, d):
-    """Softmax inverse temperature that equalises Q/K and V gradient norms (Noci eq. 47)."""
-    with np.errstate(divide="ignore", over="ignore"):
+    """Softmax inverse temperature that equalises Q/K and V gradient norms (Noci eq. 47); nan where a layer overflowed
+    (inf x 0)."""
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         return np.minimum(np.sqrt(d * n * (1 + rho * (n - 1)) / (sigma_x2**2 * (1 - rho) ** 2 * (n + d) * (n - 1))),
                           HUGE)
 
