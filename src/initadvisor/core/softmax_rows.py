@@ -313,10 +313,9 @@ def _wide_node(sig: float) -> np.ndarray:
     y = np.arange(-40.0, 6.125, 0.25)
     tw = np.full(y.size, 0.25)
     tw[[0, -1]] = 0.125
-    w = _KS_W[:, None]
-    ln_n = -0.5 * ((y[None, :] - w) / sig) ** 2 + np.log(tw / (sig * math.sqrt(2.0 * math.pi)))[None, :]
+    w = _KS_W  # ln t
+    ln_n = -0.5 * ((y[None, :] - w[:, None]) / sig) ** 2 + np.log(tw / (sig * math.sqrt(2.0 * math.pi)))[None, :]
     ey = np.exp(y)
-    w = _KS_W
     with np.errstate(divide="ignore"):
         above = np.logaddexp(logsumexp(ln_n + np.log(-np.expm1(-ey)), axis=1), log_ndtr((w - 6.0) / sig))
         one_minus = np.logaddexp(above, w + 0.5 * sig * sig + log_ndtr((-40.0 - w - sig * sig) / sig))  # ln(1 - phi)
