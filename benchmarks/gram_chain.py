@@ -1,0 +1,169 @@
+"""Paper 001's encoder at infinite width and finite T: which part of a phase-grid miss is the width, which the draw.
+
+Usage: OPENBLAS_NUM_THREADS=1 python benchmarks/gram_chain.py post:1.5:512:causal [--draws 32] [--seed 0]
+       [--report DIR/post-1.5-512-causal.json]
+
+At infinite width the stream of phase_fidelity.py's encoder is its T x T Gram matrix G (x_s . x_s' / d), and a block
+maps it exactly, given one random matrix per layer: the scores S = beta sqrt(ln T) L Z L^T (L L^T the attention
+input's cosine matrix, Z i.i.d. N(0, 1), T x T: W_Q and W_K act on the tokens through their Gram alone), the
+attention output's Gram g_v A G A^T, the residual sum G + that (fresh W_V: no cross term), the ReLU MLP through the
+arc-cosine kernel, LayerNorm to cosines. So the chain differs from the engine only in that its rows see one draw's
+keys (the engine takes a row's scores as i.i.d. at the mean overlaps), and from the numpy network only in width.
+Per layer it prints the engine's rho and IPR, the chain's mean over `--draws` draws with its standard error, and,
+given a `verify` report of the same cell (phase_fidelity.py --reports), the network's; then the largest gap of each
+pair over the layers. Token repeats (vocab 50000) are left out. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from phase_fidelity import spec_for  # noqa: E402
+
+
+def _cosines(G: np.ndarray) -> np.ndarray:
+    d = np.sqrt(np.einsum("bii->bi", G))
+    return G / d[:, :, None] / d[:, None, :]
+
+
+def _relu_kernel(G: np.ndarray) -> np.ndarray:
+    """E relu(u) relu(v) for Gaussian (u, v) of covariance G: the engine's arc-cosine kernel, pair by pair."""
+    from initadvisor.core.causal import _relu_pair
+
+    d = np.einsum("bii->bi", G)
+    return _relu_pair(d[:, :, None], d[:, None, :], G)
+
+
+def _attention(C: np.ndarray, scale: float, mask: np.ndarray, rng) -> tuple[np.ndarray, np.ndarray]:
+    """One draw of the rows on the cosine matrix C: A G A^T's factor A and each draw's mean IPR."""
+    w, v = np.linalg.eigh(C)
+    L = v * np.sqrt(np.maximum(w, 0.0))[:, None, :]
+    S = scale * (L @ rng.standard_normal(C.shape) @ L.transpose(0, 2, 1))
+    S = np.where(mask, S, -np.inf)
+    A = np.exp(S - S.max(axis=-1, keepdims=True))
+    A /= A.sum(axis=-1, keepdims=True)
+    return A, (A * A).sum(axis=-1).mean(axis=-1)
+
+
+def chain(spec: dict, q0: float, p0: float, draws: int, rng, batch: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """rho (draws, L + 1) and IPR (draws, L) of the encoder `spec` at infinite width from the stream-0 moments."""
+    m, init = spec["model"], spec["init"]
+    T, L, pre = spec["sequence"]["length"], m["layers"], m["norm"] == "pre"
+    gv, g1, g2 = init["v"]["gain"], init["ff_in"]["gain"], init["ff_out"]["gain"]
+    b1, b2 = init["ff_in"]["bias_std"] ** 2, init["ff_out"]["bias_std"] ** 2
+    scale = init["qk_beta"] * math.sqrt(math.log(T))
+    mask = np.tril(np.ones((T, T), bool)) if m["causal"] else np.ones((T, T), bool)
+    off = ~np.eye(T, dtype=bool)
+    rhos, iprs = [], []
+    for start in range(0, draws, batch):
+        B = min(batch, draws - start)
+        G = np.broadcast_to(p0 + (q0 - p0) * np.eye(T), (B, T, T)).copy()
+        rho, ipr = [G[:, off].mean(axis=1) / np.einsum("bii->b", G) * T], []
+        for _ in range(L):
+            C = _cosines(G)
+            A, y2 = _attention(C, scale, mask, rng)
+            G = G + gv * (A @ (C if pre else G) @ A.transpose(0, 2, 1))
+            if not pre:
+                G = _cosines(G)
+            C = _cosines(G)
+            G = G + g2 * _relu_kernel(g1 * (C if pre else G) + b1) + b2
+            if not pre:
+                G = _cosines(G)
+            rho.append(G[:, off].mean(axis=1) / np.einsum("bii->b", G) * T)
+            ipr.append(y2)
+        rhos.append(np.stack(rho, axis=1))
+        iprs.append(np.stack(ipr, axis=1))
+    return np.concatenate(rhos), np.concatenate(iprs)
+
+
+def _engine(spec: dict) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """The engine's rho (L + 1) and IPR (L + 1, nan at 0) as `verify` compares them, and the stream-0 moments."""
+    from initadvisor.core.model import propagate
+    from initadvisor.diagnose import causal_trace
+    from initadvisor.spec import build_spec
+    from initadvisor.stack import from_spec
+
+    net = from_spec(build_spec(spec))
+    tr, ct = propagate(net, backward=False), causal_trace(net)
+    rho, ipr = (tr.rho, tr.y2) if ct is None else (ct.rho_mean, ct.y2.mean(axis=1))
+    q0, p0 = net.embeddings.moments()
+    return np.asarray(rho, float), np.concatenate([[np.nan], ipr]), float(q0), float(p0)
+
+
+def _gap(a, b, se, relative: bool) -> str:
+    """The largest gap of a over b over the layers, its layer and z (se: the gap's standard error)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        g = (a / b - 1.0) if relative else (a - b)
+        z = (a - b) / se
+    i = int(np.nanargmax(np.abs(g)))
+    zs = f" (z {z[i]:+.1f})" if np.isfinite(z[i]) else ""
+    return (f"{g[i]:+.1%}" if relative else f"{g[i]:+.4f}") + f" at {i}{zs}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cell", help="norm:ratio:T:bi|causal, as phase_fidelity.py's --cells")
+    ap.add_argument("--draws", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, default=50)
+    ap.add_argument("--report", default="", help="a verify report of the same cell (JSON)")
+    args = ap.parse_args()
+    try:
+        norm, ratio, T, kind = args.cell.split(":")
+        if norm not in ("post", "pre") or kind not in ("bi", "causal") or not 2 <= int(T) <= 4096 \
+                or not 0 < float(ratio) <= 100:
+            raise ValueError
+    except ValueError:
+        ap.error(f"cell: expected norm:ratio:T:bi|causal with norm post or pre, 0 < ratio <= 100 and 2 <= T <= 4096, "
+                 f"got {args.cell!r}")
+    if not 1 <= args.draws <= 10000 or not 1 <= args.layers <= 1000:
+        ap.error("--draws must be in [1, 10000] and --layers in [1, 1000]")
+    spec = spec_for(norm, float(ratio), int(T), kind == "causal", args.layers, 720)
+    net = None
+    if args.report:
+        import json
+
+        try:
+            report = json.loads(Path(args.report).read_text())
+            layers, name = report["layers"], report["spec"]["name"]
+            net = {k: (np.array([r[k]["measured"] if k in r else np.nan for r in layers], float),
+                       np.array([r[k]["se"] if k in r else np.nan for r in layers], float)) for k in ("rho", "ipr")}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            ap.error(f"--report {args.report}: not a verify report ({e})")
+        if name != spec["name"]:
+            ap.error(f"--report {args.report}: a report of {name}, not of {spec['name']}")
+        if len(layers) != args.layers + 1:
+            ap.error(f"--report {args.report}: {len(layers) - 1} layers, the cell has {args.layers}")
+    e_rho, e_ipr, q0, p0 = _engine(spec)
+    rho, ipr = chain(spec, q0, p0, args.draws, np.random.default_rng(args.seed))
+    c_rho, c_ipr = rho.mean(axis=0), np.concatenate([[np.nan], ipr.mean(axis=0)])
+    s_rho = rho.std(axis=0, ddof=1) / math.sqrt(args.draws) if args.draws > 1 else np.full_like(c_rho, np.nan)
+    s_ipr = np.concatenate([[np.nan], ipr.std(axis=0, ddof=1) / math.sqrt(args.draws) if args.draws > 1
+                            else np.full(args.layers, np.nan)])
+    print(f"{args.cell}: beta {spec['init']['qk_beta']:.4g}, {args.draws} draws at infinite width")
+    print("index   rho: engine  chain (se)        network (se)     IPR: engine  chain (se)        network (se)")
+    for i in range(args.layers + 1):
+        line = f"{i:5d}   {e_rho[i]:.4f}  {c_rho[i]:.4f} ({s_rho[i]:.4f})"
+        line += f"  {net['rho'][0][i]:.4f} ({net['rho'][1][i]:.4f})" if net else ""
+        if i:
+            line += f"   {e_ipr[i]:.4f}  {c_ipr[i]:.4f} ({s_ipr[i]:.4f})"
+            line += f"  {net['ipr'][0][i]:.4f} ({net['ipr'][1][i]:.4f})" if net else ""
+        print(line)
+    print(f"engine - chain (the draw's keys):  rho {_gap(e_rho, c_rho, s_rho, False)}, "
+          f"IPR {_gap(e_ipr, c_ipr, s_ipr, True)}")
+    if net:
+        (n_rho, n_srho), (n_ipr, n_sipr) = net["rho"], net["ipr"]
+        print(f"chain - network (the width):       rho {_gap(c_rho, n_rho, np.hypot(s_rho, n_srho), False)}, "
+              f"IPR {_gap(c_ipr, n_ipr, np.hypot(s_ipr, n_sipr), True)}")
+        print(f"engine - network:                  rho {_gap(e_rho, n_rho, n_srho, False)}, "
+              f"IPR {_gap(e_ipr, n_ipr, n_sipr, True)}")
+
+
+if __name__ == "__main__":
+    main()
