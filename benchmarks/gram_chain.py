@@ -1,7 +1,7 @@
 """Paper 001's encoder at infinite width and finite T: which part of a phase-grid miss is the width, which the draw.
 
 Usage: OPENBLAS_NUM_THREADS=1 python benchmarks/gram_chain.py post:1.5:512:causal [--draws 32] [--seed 0]
-       [--report DIR/post-1.5-512-causal.json]
+       [--report DIR/post-1.5-512-causal.json] [--width 720 [--finite embeddings,scores,values,mlp]]
 
 At infinite width the stream of phase_fidelity.py's encoder is its T x T Gram matrix G (x_s . x_s' / d), and a block
 maps it exactly, given one random matrix per layer: the scores S = beta sqrt(ln T) L Z L^T (L L^T the attention
@@ -12,6 +12,13 @@ keys (the engine takes a row's scores as i.i.d. at the mean overlaps), and from 
 Per layer it prints the engine's rho and IPR, the chain's mean over `--draws` draws with its standard error, and,
 given a `verify` report of the same cell (phase_fidelity.py --reports), the network's; then the largest gap of each
 pair over the layers. Token repeats (vocab 50000) are left out. Asserts nothing.
+
+`--width d` draws the `--finite` parts at width d instead (d >= T), which locates the width's effect: fresh Gaussian
+weights are blind to the frame, so with the stream taken as sqrt(d) [L | 0] (its Gram L L^T, in its first T
+coordinates) a branch's output is drawn as T x d (values: A L M, M i.i.d.; the MLP: its d_ff units and W_2 drawn, its
+biases too) and added with its cross terms; the scores as L Zq Zk^T L^T / sqrt(d); the embeddings as Gaussian rows.
+With every part finite this is the network in distribution (its LayerNorms' centering aside); the printed gaps are
+then the engine's and the network's against it.
 """
 
 from __future__ import annotations
@@ -40,41 +47,81 @@ def _relu_kernel(G: np.ndarray) -> np.ndarray:
     return _relu_pair(d[:, :, None], d[:, None, :], G)
 
 
-def _attention(C: np.ndarray, scale: float, mask: np.ndarray, rng) -> tuple[np.ndarray, np.ndarray]:
-    """One draw of the rows on the cosine matrix C: A G A^T's factor A and each draw's mean IPR."""
-    w, v = np.linalg.eigh(C)
-    L = v * np.sqrt(np.maximum(w, 0.0))[:, None, :]
-    S = scale * (L @ rng.standard_normal(C.shape) @ L.transpose(0, 2, 1))
-    S = np.where(mask, S, -np.inf)
+PARTS = ("embeddings", "scores", "values", "mlp")  # what `width` can draw at finite width
+
+
+def _factor(G: np.ndarray) -> np.ndarray:
+    """L with L L^T = G (batched; G positive semi-definite)."""
+    w, v = np.linalg.eigh(G)
+    return v * np.sqrt(np.maximum(w, 0.0))[:, None, :]
+
+
+def _rows(Lc: np.ndarray, scale: float, mask: np.ndarray, rng, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """One draw of the attention rows on the cosines Lc Lc^T and each draw's mean IPR: the scores c Lc Z Lc^T, Z i.i.d.
+    N(0, 1) at infinite width, Zq Zk^T / sqrt(d) (Zq, Zk: T x d, i.i.d. N(0, 1): the queries and keys) at width d."""
+    B, T = Lc.shape[:2]
+    if d:
+        Z = rng.standard_normal((B, T, d)) @ rng.standard_normal((B, T, d)).transpose(0, 2, 1) / math.sqrt(d)
+    else:
+        Z = rng.standard_normal((B, T, T))
+    S = np.where(mask, scale * (Lc @ Z @ Lc.transpose(0, 2, 1)), -np.inf)
     A = np.exp(S - S.max(axis=-1, keepdims=True))
     A /= A.sum(axis=-1, keepdims=True)
     return A, (A * A).sum(axis=-1).mean(axis=-1)
 
 
-def chain(spec: dict, q0: float, p0: float, draws: int, rng, batch: int = 16) -> tuple[np.ndarray, np.ndarray]:
-    """rho (draws, L + 1) and IPR (draws, L) of the encoder `spec` at infinite width from the stream-0 moments."""
+def _plus(G: np.ndarray, Lx: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """The Gram of the stream plus a fresh branch output Y (B, T, d), in the frame where the stream is
+    sqrt(d) [Lx | 0] (its first T coordinates; fresh Gaussian weights are blind to the frame): cross terms included."""
+    T, d = Y.shape[1], Y.shape[2]
+    cross = Lx @ Y[:, :, :T].transpose(0, 2, 1) / math.sqrt(d)
+    return G + cross + cross.transpose(0, 2, 1) + Y @ Y.transpose(0, 2, 1) / d
+
+
+def chain(spec: dict, q0: float, p0: float, draws: int, rng, batch: int = 16, width: int = 0,
+          finite: tuple = PARTS) -> tuple[np.ndarray, np.ndarray]:
+    """rho (draws, L + 1) and IPR (draws, L) of the encoder `spec` from the stream-0 moments: at infinite width, or
+    (`width` d >= T) with the `finite` parts drawn at width d (the whole network in distribution with all of them,
+    its LayerNorms' centering aside), the rest at infinite width."""
+    from initadvisor.spec import build_spec
+
     m, init = spec["model"], spec["init"]
-    T, L, pre = spec["sequence"]["length"], m["layers"], m["norm"] == "pre"
+    T, L, pre, f = spec["sequence"]["length"], m["layers"], m["norm"] == "pre", m["d_ff"]
     gv, g1, g2 = init["v"]["gain"], init["ff_in"]["gain"], init["ff_out"]["gain"]
     b1, b2 = init["ff_in"]["bias_std"] ** 2, init["ff_out"]["bias_std"] ** 2
     scale = init["qk_beta"] * math.sqrt(math.log(T))
     mask = np.tril(np.ones((T, T), bool)) if m["causal"] else np.ones((T, T), bool)
     off = ~np.eye(T, dtype=bool)
+    d = {part: width if part in finite else 0 for part in PARTS}
+    normed = build_spec(spec).embedding_norm
     rhos, iprs = [], []
     for start in range(0, draws, batch):
         B = min(batch, draws - start)
         G = np.broadcast_to(p0 + (q0 - p0) * np.eye(T), (B, T, T)).copy()
+        if d["embeddings"]:  # Gaussian rows over d coordinates (then the embeddings' norm, if any: q0 = 1)
+            Y = _factor(G) @ rng.standard_normal((B, T, width))
+            G = Y @ Y.transpose(0, 2, 1) / width
+            if normed:
+                G = _cosines(G)
         rho, ipr = [G[:, off].mean(axis=1) / np.einsum("bii->b", G) * T], []
         for _ in range(L):
-            C = _cosines(G)
-            A, y2 = _attention(C, scale, mask, rng)
-            G = G + gv * (A @ (C if pre else G) @ A.transpose(0, 2, 1))
-            if not pre:
-                G = _cosines(G)
-            C = _cosines(G)
-            G = G + g2 * _relu_kernel(g1 * (C if pre else G) + b1) + b2
-            if not pre:
-                G = _cosines(G)
+            for branch in ("values", "mlp"):
+                Lx = _factor(G)
+                Lc = Lx / np.sqrt(np.einsum("bii->bi", G))[:, :, None]  # the branch reads the normed stream
+                if branch == "values":
+                    A, y2 = _rows(Lc, scale, mask, rng, d["scores"])
+                    if d["values"]:
+                        G = _plus(G, Lx, math.sqrt(gv) * (A @ Lc @ rng.standard_normal((B, T, width))))
+                    else:
+                        G = G + gv * (A @ Lc @ Lc.transpose(0, 2, 1) @ A.transpose(0, 2, 1))
+                elif d["mlp"]:
+                    H = math.sqrt(g1) * (Lc @ rng.standard_normal((B, T, f))) + math.sqrt(b1) * rng.standard_normal((B, 1, f))
+                    Y = np.maximum(H, 0.0) @ rng.standard_normal((B, f, width)) * math.sqrt(g2 / f)
+                    G = _plus(G, Lx, Y + math.sqrt(b2) * rng.standard_normal((B, 1, width)))
+                else:
+                    G = G + g2 * _relu_kernel(g1 * (Lc @ Lc.transpose(0, 2, 1)) + b1) + b2
+                if not pre:
+                    G = _cosines(G)
             rho.append(G[:, off].mean(axis=1) / np.einsum("bii->b", G) * T)
             ipr.append(y2)
         rhos.append(np.stack(rho, axis=1))
@@ -113,6 +160,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, default=50)
     ap.add_argument("--report", default="", help="a verify report of the same cell (JSON)")
+    ap.add_argument("--width", type=int, default=0, help="draw the --finite parts at this width (>= T; 0: infinite)")
+    ap.add_argument("--finite", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     args = ap.parse_args()
     try:
         norm, ratio, T, kind = args.cell.split(":")
@@ -124,6 +173,9 @@ def main() -> None:
                  f"got {args.cell!r}")
     if not 1 <= args.draws <= 10000 or not 1 <= args.layers <= 1000:
         ap.error("--draws must be in [1, 10000] and --layers in [1, 1000]")
+    finite = tuple(p for p in args.finite.split(",") if p)
+    if args.width and not int(T) <= args.width <= 65536 or any(p not in PARTS for p in finite):
+        ap.error(f"--width must be 0 or in [T, 65536] and --finite of {', '.join(PARTS)}")
     spec = spec_for(norm, float(ratio), int(T), kind == "causal", args.layers, 720)
     net = None
     if args.report:
@@ -141,12 +193,13 @@ def main() -> None:
         if len(layers) != args.layers + 1:
             ap.error(f"--report {args.report}: {len(layers) - 1} layers, the cell has {args.layers}")
     e_rho, e_ipr, q0, p0 = _engine(spec)
-    rho, ipr = chain(spec, q0, p0, args.draws, np.random.default_rng(args.seed))
+    rho, ipr = chain(spec, q0, p0, args.draws, np.random.default_rng(args.seed), width=args.width, finite=finite)
     c_rho, c_ipr = rho.mean(axis=0), np.concatenate([[np.nan], ipr.mean(axis=0)])
     s_rho = rho.std(axis=0, ddof=1) / math.sqrt(args.draws) if args.draws > 1 else np.full_like(c_rho, np.nan)
     s_ipr = np.concatenate([[np.nan], ipr.std(axis=0, ddof=1) / math.sqrt(args.draws) if args.draws > 1
                             else np.full(args.layers, np.nan)])
-    print(f"{args.cell}: beta {spec['init']['qk_beta']:.4g}, {args.draws} draws at infinite width")
+    at = f"width {args.width} ({', '.join(finite) or 'none'}; the rest infinite)" if args.width else "infinite width"
+    print(f"{args.cell}: beta {spec['init']['qk_beta']:.4g}, {args.draws} draws at {at}")
     print("index   rho: engine  chain (se)        network (se)     IPR: engine  chain (se)        network (se)")
     for i in range(args.layers + 1):
         line = f"{i:5d}   {e_rho[i]:.4f}  {c_rho[i]:.4f} ({s_rho[i]:.4f})"
