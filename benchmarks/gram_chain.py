@@ -87,6 +87,8 @@ def chain(spec: dict, q0: float, p0: float, draws: int, rng, batch: int = 16, wi
 
     m, init = spec["model"], spec["init"]
     T, L, pre, f = spec["sequence"]["length"], m["layers"], m["norm"] == "pre", m["d_ff"]
+    if width and width < T:
+        raise ValueError(f"width {width} < T {T}: the stream's frame needs T coordinates")
     gv, g1, g2 = init["v"]["gain"], init["ff_in"]["gain"], init["ff_out"]["gain"]
     b1, b2 = init["ff_in"]["bias_std"] ** 2, init["ff_out"]["bias_std"] ** 2
     scale = init["qk_beta"] * math.sqrt(math.log(T))
@@ -115,7 +117,8 @@ def chain(spec: dict, q0: float, p0: float, draws: int, rng, batch: int = 16, wi
                     else:
                         G = G + gv * (A @ Lc @ Lc.transpose(0, 2, 1) @ A.transpose(0, 2, 1))
                 elif d["mlp"]:
-                    H = math.sqrt(g1) * (Lc @ rng.standard_normal((B, T, f))) + math.sqrt(b1) * rng.standard_normal((B, 1, f))
+                    H = math.sqrt(g1) * (Lc @ rng.standard_normal((B, T, f)))
+                    H += math.sqrt(b1) * rng.standard_normal((B, 1, f))
                     Y = np.maximum(H, 0.0) @ rng.standard_normal((B, f, width)) * math.sqrt(g2 / f)
                     G = _plus(G, Lx, Y + math.sqrt(b2) * rng.standard_normal((B, 1, width)))
                 else:
