@@ -146,6 +146,11 @@ def _engine(spec: dict) -> tuple[np.ndarray, np.ndarray, float, float]:
     return np.asarray(rho, float), np.concatenate([[np.nan], ipr]), float(q0), float(p0)
 
 
+def _se(x: float) -> str:
+    """A standard error, or '-' where one draw gives none."""
+    return f"{x:.4f}" if np.isfinite(x) else "-"
+
+
 def _gap(a, b, se, relative: bool) -> str:
     """The largest gap of a over b over the layers, its layer and z (se: the gap's standard error)."""
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -174,8 +179,8 @@ def main() -> None:
     except ValueError:
         ap.error(f"cell: expected norm:ratio:T:bi|causal with norm post or pre, 0 < ratio <= 100 and 2 <= T <= 4096, "
                  f"got {args.cell!r}")
-    if not 1 <= args.draws <= 10000 or not 1 <= args.layers <= 1000:
-        ap.error("--draws must be in [1, 10000] and --layers in [1, 1000]")
+    if not 1 <= args.draws <= 10000 or not 1 <= args.layers <= 1000 or args.seed < 0:
+        ap.error("--draws must be in [1, 10000], --layers in [1, 1000] and --seed >= 0")
     finite = tuple(p for p in args.finite.split(",") if p)
     if args.width and not int(T) <= args.width <= 65536 or any(p not in PARTS for p in finite):
         ap.error(f"--width must be 0 or in [T, 65536] and --finite of {', '.join(PARTS)}")
@@ -205,10 +210,10 @@ def main() -> None:
     print(f"{args.cell}: beta {spec['init']['qk_beta']:.4g}, {args.draws} draws at {at}")
     print("index   rho: engine  chain (se)        network (se)     IPR: engine  chain (se)        network (se)")
     for i in range(args.layers + 1):
-        line = f"{i:5d}   {e_rho[i]:.4f}  {c_rho[i]:.4f} ({s_rho[i]:.4f})"
+        line = f"{i:5d}   {e_rho[i]:.4f}  {c_rho[i]:.4f} ({_se(s_rho[i])})"
         line += f"  {net['rho'][0][i]:.4f} ({net['rho'][1][i]:.4f})" if net else ""
         if i:
-            line += f"   {e_ipr[i]:.4f}  {c_ipr[i]:.4f} ({s_ipr[i]:.4f})"
+            line += f"   {e_ipr[i]:.4f}  {c_ipr[i]:.4f} ({_se(s_ipr[i])})"
             line += f"  {net['ipr'][0][i]:.4f} ({net['ipr'][1][i]:.4f})" if net else ""
         print(line)
     print(f"engine - chain (the draw's keys):  rho {_gap(e_rho, c_rho, s_rho, False)}, "
