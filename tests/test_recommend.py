@@ -9,8 +9,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from initadvisor.core.model import propagate
 from initadvisor.recipes import alpha_c, max_rho, recommend
 from initadvisor.spec import build_spec, load_spec
+from initadvisor.stack import from_spec
 
 from conftest import ROOT, SPECS
 
@@ -59,11 +61,11 @@ def test_tau_is_eq47_of_the_predicted_geometry():
     spec = load_spec(ROOT / "model_specs" / "bert-base.yaml")
     rep = recommend(spec)
     assert rep["patched_recipe"] == "critical"
-    layers = __import__("initadvisor.diagnose", fromlist=["check"]).check(build_spec(rep["patched_spec"]))["layers"]
+    t = propagate(from_spec(build_spec(rep["patched_spec"])), backward=False)  # the mean field's, as eq. 47's
     d, n = spec.d_model, spec.seq_len
     for i, tau in enumerate(rep["tau_per_layer"]):
-        rho = layers[i]["p"] / layers[i]["q"]  # post-LN: block i+1 sees the stream after block i, q = 1 (or 1/(1-p))
-        sx2 = layers[i]["q"]
+        rho = t.p[i] / t.q[i]  # post-LN: block i+1 sees the stream after block i, q = 1 (or 1/(1-p))
+        sx2 = t.q[i]
         closed = math.sqrt(d * n * (1 + rho * (n - 1)) / (sx2**2 * (1 - rho) ** 2 * (n + d) * (n - 1)))
         assert tau == pytest.approx(closed, rel=1e-4)
     assert rep["tau"] == pytest.approx(float(np.median(rep["tau_per_layer"])), rel=1e-5)

@@ -284,7 +284,7 @@ def verify(source: Source, *, backend: str = "numpy", device: str = "cpu", seeds
     if ct is not None and ct.grad_q is not None:
         resolved.update(grad_q=ct.grad_q, grad_p=ct.grad_p)
     # standard errors over seeds: the sequences of one initialisation share its weights (see pool_seeds)
-    data = compare(spec, propagate(net), pool_seeds(per_seed), tol=tol, rtol=rtol, theory=resolved)
+    data = compare(spec, propagate(net, means=True), pool_seeds(per_seed), tol=tol, rtol=rtol, theory=resolved)
     tell(progress, seeds + 1, seeds + 1)
     data["measurement"] = {"backend": backend, "seeds": seeds, "batch": batch,
                            "seconds": round(time.perf_counter() - t0, 2)}

@@ -260,7 +260,7 @@ def analyse(spec, stack: Stack | None = None, resolve: bool = True) -> Analysis:
     stack = from_spec(spec) if stack is None else stack
     ct = causal_trace(stack, backward=True) if resolve else None
     resolved = ct is not None and ct.grad_q is not None  # the gradient of every position, not the late pair's
-    trace = propagate(stack, backward=not resolved)
+    trace = propagate(stack, backward=not resolved, means=True)
     if resolved:
         trace = replace(trace, grad_q=ct.grad_q, grad_p=ct.grad_p, grad_scale=ct.grad_q[0], qk_share=ct.qk_share)
     return Analysis(stack, trace, ct, growth(stack, trace), width(stack, trace), *qk_laws(stack, trace),

@@ -15,7 +15,7 @@ import numpy as np
 from initadvisor.core.attention import HUGE  # moments are clamped to [1/HUGE, HUGE] after every block
 from initadvisor.core.ops import Attention, BlockParams, Embeddings, block, find, moments_backward, \
     moments_forward, spread_forward
-from initadvisor.core.walk import gradient_factor
+from initadvisor.core import walk
 
 
 @dataclass(frozen=True)
@@ -79,8 +79,10 @@ class Trace:
         return self.p / self.q
 
 
-def propagate(stack: Stack, backward: bool = True) -> Trace:
-    """Run the stack forward (and the gradient backward) from the embeddings' moments."""
+def propagate(stack: Stack, backward: bool = True, means: bool = False) -> Trace:
+    """Run the stack forward (and the gradient backward) from the embeddings' moments. The gradient is the mean over
+    sequences at the layers' width (the rho walk's factor, walk.py); means: rho and the IPR too (walk.mean_shift),
+    else the mean field's, which the recommendations' conditions are stated in."""
     q0, p0 = stack.embeddings.moments()
     q, p = np.asarray(q0, dtype=float), np.asarray(p0, dtype=float)
     blocks = stack.blocks
@@ -106,21 +108,28 @@ def propagate(stack: Stack, backward: bool = True) -> Trace:
                 gqs.append(gq)
                 gps.append(gp)
     gqs, gps = gqs[::-1], gps[::-1]
-    if backward and all(P.d_model for P in stack.layers):  # the mean over sequences: the rho walk (walk.py)
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            f = gradient_factor(blocks, [P.d_model for P in stack.layers], qs, ps, gqs, gps)[0]
-            gqs, gps = map(list, zip(*(_clamp(g * x, h * x, 0.0) for g, h, x in zip(gqs, gps, f))))
-    gqs, gps = _stack(gqs, shape), _stack(gps, shape)
-
     atts = [find(ops, c, Attention) for ops, c in zip(blocks, caches)]
 
     def att(key: str) -> np.ndarray:
         return _stack([getattr(c, key) for c in atts], shape)
 
+    y2 = att("y2")
+    widths = [P.d_model for P in stack.layers]
+    if (backward or means) and all(widths):  # the means over sequences at finite width: the rho walk (walk.py)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            resp = walk.responses(blocks, widths, qs, ps, backward)
+            if backward:
+                f = walk.gradient_factor(blocks, widths, qs, ps, gqs, gps, resp)[0]
+                gqs, gps = map(list, zip(*(_clamp(g * x, h * x, 0.0) for g, h, x in zip(gqs, gps, f))))
+            if means:
+                B, dy = walk.mean_shift(blocks, widths, qs, ps, resp, walk.walk_variance(resp, qs, ps))
+                ps = [_clamp(q, p + b * q, 0.0)[1] for q, p, b in zip(qs, ps, B)]
+                y2 = np.clip(y2 + _stack([0.0 if x is None else x for x in dy], shape), 0.0, 1.0)
+    gqs, gps = _stack(gqs, shape), _stack(gps, shape)
     return Trace(
         q=_stack(qs, shape), p=_stack(ps, shape), grad_q=gqs, grad_p=gps, grad_scale=gqs[0],
         att_q=att("q_in"), att_p=att("p_in"), beta=_stack([P.beta for P in stack.layers], shape),
-        beta_c=att("beta_c"), y2=att("y2"), y3=att("y3"), y22=att("y22"), qk_share=att("qk_share"), caches=caches,
+        beta_c=att("beta_c"), y2=y2, y3=att("y3"), y22=att("y22"), qk_share=att("qk_share"), caches=caches,
     )
 
 

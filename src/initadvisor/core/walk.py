@@ -8,14 +8,17 @@ operations after the sum carry that to its output (a copy of the state moved the
 deviation on by its slope in rho. A block's log gradient gain moves with its input's rho, so the mean of the gradient
 over sequences is the mean field's times exp(var / 2) of the sum of those moves (a log-normal; past beta_c in post-LN,
 where the gains fall steeply with rho, the mean field alone is 0.75-0.95 of the measured mean at d 720:
-benchmarks/gradient_tails.py). The pair engine only: the position-resolved backward does not carry it.
+benchmarks/gradient_tails.py). The block maps are not linear in rho either, so the walk also moves the mean of rho
+and of the attention's IPR over sequences, by the maps' curvature times the walk's variance (mean_shift): in post-LN
+0.003-0.007 in rho past the crossover at d 720, where the network's rho sits 0.01-0.013 below the mean field's. The
+pair engine only: the position-resolved engine (causal rows) carries neither.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from initadvisor.core.ops import Residual, moments_backward, moments_forward
+from initadvisor.core.ops import Attention, Residual, find, moments_backward, moments_forward
 
 _H = 1e-3  # the step in rho of the finite differences
 _CHUNK = 1024  # layers per stacked pass (x 10 states: a causal column's per-row temporaries stay within tens of MB)
@@ -24,12 +27,6 @@ _CHUNK = 1024  # layers per stacked pass (x 10 states: a causal column's per-row
 def _rho(q, p):
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.divide(p, q)
-
-
-def _shifted(q, p, shifts):
-    """(q, p) at rho + each shift (a new leading axis), q alike."""
-    h = np.asarray(shifts, dtype=float).reshape((-1,) + (1,) * np.ndim(p))
-    return np.broadcast_to(q, np.shape(h * q)).copy(), p + h * q
 
 
 def residual_variance(op: Residual, q_in, p_in, p):
@@ -48,7 +45,124 @@ def residual_variance(op: Residual, q_in, p_in, p):
     return var
 
 
-def gradient_factor(blocks, widths, qs, ps, gqs, gps) -> tuple[list, list, list]:
+def _chunks(blocks):
+    """Layers that share their operations, up to _CHUNK at a time: one stacked pass each."""
+    groups: dict[int, list[int]] = {}
+    for l, ops in enumerate(blocks):
+        groups.setdefault(id(ops), []).append(l)
+    return [g[i:i + _CHUNK] for g in groups.values() for i in range(0, len(g), _CHUNK)]
+
+
+def _stacked(idx, *xs):
+    """Each per-index x at the layers idx, stacked on a new leading axis (broadcast to one shape)."""
+    both = np.broadcast_arrays(*(np.asarray(x[l], dtype=float) for x in xs for l in idx))
+    n = len(idx)
+    return [np.stack(both[k * n:(k + 1) * n]) for k in range(len(xs))]
+
+
+def _run(ops, q0, p0, shifts, move):
+    """One stacked pass of a block: its input (q0, p0) at rho + each of `shifts` (states on a new leading axis,
+    each a scalar or per layer), then per residual sum two copies of the unshifted state whose common part the sum's
+    output moves by + and - move(q, var) (p and q alike; var: d times the sum's own variance, residual_variance).
+    Returns the output rho per state, the caches and per sum (its first state, its move, var)."""
+    sums = [k for k, op in enumerate(ops) if isinstance(op, Residual)]
+    h = np.stack([np.broadcast_to(x, np.shape(p0)) for x in shifts])
+    z = np.zeros((2 * len(sums),) + np.shape(p0))
+    qo = np.concatenate([np.broadcast_to(q0, h.shape), z + q0])
+    po = np.concatenate([p0 + h * q0, z + p0])
+    caches, var = [], []
+    for k, op in enumerate(ops):
+        q_in, p_in = qo[0], po[0]
+        qo, po, c = op.moments(qo, po)
+        caches.append(c)
+        if k in sums:
+            v = residual_variance(op, q_in, p_in, po[0])
+            j, m = len(shifts) + 2 * len(var), move(qo[0], v)
+            qo, po = qo.copy(), po.copy()
+            qo[j:j + 2] += np.stack([m, -m])
+            po[j:j + 2] += np.stack([m, -m])
+            var.append((j, m, v))
+    return _rho(qo, po), caches, var
+
+
+def _y2(ops, caches):
+    """The block's attention IPR per state (None without attention)."""
+    c = find(ops, caches, Attention)
+    return None if c is None else np.asarray(c.y2, dtype=float)
+
+
+def responses(blocks, widths, qs, ps, backward: bool) -> dict:
+    """Per layer: a (the block's slope in rho), fresh (the variance its residual sums add of their own at its width),
+    y (the slope of its attention's IPR in rho, None without attention) and, with backward, M and D (gradient_factor's
+    backward matrix and its slope)."""
+    L = len(blocks)
+    out = {k: [None] * L for k in ("a", "fresh", "y", "M", "D")}
+    for idx in _chunks(blocks):
+        ops = blocks[idx[0]]
+        q0, p0 = _stacked(idx, qs, ps)
+        # each layer's state at rho -+ _H (twice with backward: one per unit gradient of the backward), and per residual
+        # sum two copies of the state that take -+ _H q on their common part at its output
+        r, caches, var = _run(ops, q0, p0, (0.0, _H, -_H) * (2 if backward else 1), lambda q, v: _H * q)
+        slope = (r[1] - r[2]) / (2.0 * _H)
+        own = sum(((r[j] - r[j + 1]) / (2.0 * m)) ** 2 * v for j, m, v in var)
+        y = _y2(ops, caches)
+        if backward:
+            k = 6 + 2 * len(var)
+            one, zero, pad = np.ones_like(r[:3]), np.zeros_like(r[:3]), np.zeros_like(r[6:k])
+            bq, bp = moments_backward(ops, np.concatenate([one, zero, pad]), np.concatenate([zero, one, pad]), caches)
+            m = [[bq[:3], bq[3:6]], [bp[:3], bp[3:6]]]  # m[out][in] at the three states
+        for i, l in enumerate(idx):
+            out["a"][l], out["fresh"][l] = slope[i], (own[i] if np.ndim(own) else own) / widths[l]
+            if y is not None:
+                out["y"][l] = (y[1][i] - y[2][i]) / (2.0 * _H)
+            if backward:
+                out["M"][l] = [[x[0][i] for x in row] for row in m]
+                out["D"][l] = [[(x[1][i] - x[2][i]) / (2.0 * _H) for x in row] for row in m]
+    return out
+
+
+def walk_variance(resp: dict, qs, ps) -> list:
+    """V_l per index: the walk's variance of a sequence's rho (gradient_factor's docstring), V_0 = 0."""
+    V = [0.0]
+    for l, (a, e) in enumerate(zip(resp["a"], resp["fresh"])):
+        r = _rho(qs[l + 1], ps[l + 1])
+        V.append(np.minimum(a ** 2 * V[-1] + e, (1.0 - r) * (1.0 + r)))
+    return V
+
+
+_GH = np.sqrt(3.0)  # three-point Gauss-Hermite: E f(x + s z) = 2/3 f(x) + 1/6 (f(x + sqrt 3 s) + f(x - sqrt 3 s))
+
+
+def mean_shift(blocks, widths, qs, ps, resp: dict, V: list) -> tuple[list, list]:
+    """(B per index, the IPR's shift per layer): the mean over sequences of rho and of the attention's IPR at width d,
+    to second order in the walk. A block's map f of its input's rho is not linear, so the walk moves the mean by
+    E f(rho + d) - f(rho) (the curvature of f times V_l / 2; three-point Gauss-Hermite at the walk's spread, held
+    within rho in [-1, 1]), and each residual sum's own move e by E f(e) - f(0) alike; B_(l+1) = a_l B_l + both. The
+    IPR at block l: its slope times B_l plus its own such term."""
+    L = len(blocks)
+    J, Jy = [None] * L, [None] * L
+    for idx in _chunks(blocks):
+        ops = blocks[idx[0]]
+        q0, p0, v0 = _stacked(idx, qs, ps, V)
+        r0 = _rho(q0, p0)
+        with np.errstate(invalid="ignore"):
+            s = np.nan_to_num(np.minimum(_GH * np.sqrt(np.maximum(v0, 0.0)), np.minimum(1.0 - r0, 1.0 + r0)))
+        d = np.asarray([widths[l] for l in idx], dtype=float).reshape((-1,) + (1,) * (np.ndim(q0) - 1))
+        r, caches, var = _run(ops, q0, p0, (0.0, s, -s),
+                              lambda q, v: np.minimum(_GH * np.sqrt(np.maximum(v, 0.0) / d), 0.5 * q))
+        jensen = (r[1] + r[2]) / 6.0 - r[0] / 3.0 + sum((r[j] + r[j + 1]) / 6.0 - r[0] / 3.0 for j, _, _ in var)
+        y = _y2(ops, caches)
+        for i, l in enumerate(idx):
+            J[l] = jensen[i]
+            Jy[l] = None if y is None else (y[1][i] + y[2][i]) / 6.0 - y[0][i] / 3.0
+    B, dy = [0.0], []
+    for l in range(L):
+        dy.append(None if Jy[l] is None else resp["y"][l] * B[l] + Jy[l])
+        B.append(resp["a"][l] * B[l] + J[l])
+    return B, dy
+
+
+def gradient_factor(blocks, widths, qs, ps, gqs, gps, resp: dict | None = None) -> tuple[list, list, list]:
     """exp(var / 2) per index of the stream, with each block's slope a_l and the walk's variance V_l per index. var is
     the variance over sequences of the log of the gradient's q there (over the top's) that the walk moves: a deviation
     d_l of block l's input rho moves its backward matrix M_l (the 2 x 2 map of (gq, gp), linear at fixed forward
@@ -57,45 +171,10 @@ def gradient_factor(blocks, widths, qs, ps, gqs, gps) -> tuple[list, list, list]
     V_(l+1) = a_l^2 V_l + Var e_l, V_0 = 0 (the input's own spread is not the walk's), at most (1 - rho)(1 + rho) (the
     Bhatia-Davis bound in [-1, 1]). Carried from the top with R_i = w_i + a_i M_i R_(i+1) (w_i = D_i g_(i+1): dg_i's
     response to d_i through every block above) and Cov(dg_(i+1), d_i) = a_i V_i R_(i+1). gqs, gps: the mean field's
-    gradient chain (index 0..L)."""
+    gradient chain (index 0..L); resp: responses' with backward, if made."""
     L = len(blocks)
-    a, M, D, fresh = [None] * L, [None] * L, [None] * L, [None] * L
-    groups: dict[int, list[int]] = {}  # layers that share their operations: one pass for up to _CHUNK of them
-    for l, ops in enumerate(blocks):
-        groups.setdefault(id(ops), []).append(l)
-    for idx in (g[i:i + _CHUNK] for g in groups.values() for i in range(0, len(g), _CHUNK)):
-        ops, n = blocks[idx[0]], len(idx)
-        both = np.broadcast_arrays(*(np.asarray(x[l], dtype=float) for x in (qs, ps) for l in idx))  # (grids)
-        q0, p0 = np.stack(both[:n]), np.stack(both[n:])
-        # one pass: each layer's state, its rho -+ _H (twice: one per unit gradient of the backward), and per residual
-        # sum two copies of the state that take -+ _H q on their common part at its output (p and q alike)
-        sums = [k for k, op in enumerate(ops) if isinstance(op, Residual)]
-        qo, po = _shifted(q0, p0, (0.0, _H, -_H) * 2 + (0.0,) * (2 * len(sums)))
-        caches, var = [], []
-        for k, op in enumerate(ops):
-            q_in, p_in = qo[0], po[0]
-            qo, po, c = op.moments(qo, po)
-            caches.append(c)
-            if k in sums:
-                j, h = 6 + 2 * len(var), _H * qo[0]
-                qo, po = qo.copy(), po.copy()
-                qo[j:j + 2] += np.stack([h, -h])
-                po[j:j + 2] += np.stack([h, -h])
-                var.append((j, h, residual_variance(op, q_in, p_in, po[0])))
-        r = _rho(qo, po)
-        slope = (r[1] - r[2]) / (2.0 * _H)
-        own = sum(((r[j] - r[j + 1]) / (2.0 * h)) ** 2 * v for j, h, v in var)
-        one, zero, pad = np.ones_like(qo[:3]), np.zeros_like(qo[:3]), np.zeros_like(qo[6:])
-        bq, bp = moments_backward(ops, np.concatenate([one, zero, pad]), np.concatenate([zero, one, pad]), caches)
-        m = [[bq[:3], bq[3:6]], [bp[:3], bp[3:6]]]  # m[out][in] at the three states
-        for i, l in enumerate(idx):
-            a[l], fresh[l] = slope[i], own[i] / widths[l] if np.ndim(own) else own / widths[l]
-            M[l] = [[x[0][i] for x in row] for row in m]
-            D[l] = [[(x[1][i] - x[2][i]) / (2.0 * _H) for x in row] for row in m]
-    V = [0.0]
-    for l in range(L):
-        r = _rho(qs[l + 1], ps[l + 1])
-        V.append(np.minimum(a[l] ** 2 * V[-1] + fresh[l], (1.0 - r) * (1.0 + r)))
+    resp = responses(blocks, widths, qs, ps, True) if resp is None else resp
+    a, M, D, V = resp["a"], resp["M"], resp["D"], walk_variance(resp, qs, ps)
     S = [[0.0, 0.0], [0.0, 0.0]]  # Var(dg) at index L: the loss fixes the top gradient
     R = [0.0, 0.0]
     out = [1.0]
