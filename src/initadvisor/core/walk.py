@@ -85,10 +85,10 @@ def _run(ops, q0, p0, shifts, move):
     return _rho(qo, po), caches, var
 
 
-def _y2(ops, caches):
-    """The block's attention IPR per state (None without attention)."""
+def _y2(ops, caches, shape):
+    """The block's attention IPR per state, broadcast to the states' shape (None without attention)."""
     c = find(ops, caches, Attention)
-    return None if c is None else np.asarray(c.y2, dtype=float)
+    return None if c is None else np.broadcast_to(np.asarray(c.y2, dtype=float), shape)
 
 
 def responses(blocks, widths, qs, ps, backward: bool) -> dict:
@@ -105,7 +105,7 @@ def responses(blocks, widths, qs, ps, backward: bool) -> dict:
         r, caches, var = _run(ops, q0, p0, (0.0, _H, -_H) * (2 if backward else 1), lambda q, v: _H * q)
         slope = (r[1] - r[2]) / (2.0 * _H)
         own = sum(((r[j] - r[j + 1]) / (2.0 * m)) ** 2 * v for j, m, v in var)
-        y = _y2(ops, caches)
+        y = _y2(ops, caches, r.shape)
         if backward:
             k = 6 + 2 * len(var)
             one, zero, pad = np.ones_like(r[:3]), np.zeros_like(r[:3]), np.zeros_like(r[6:k])
@@ -151,14 +151,17 @@ def mean_shift(blocks, widths, qs, ps, resp: dict, V: list) -> tuple[list, list]
         r, caches, var = _run(ops, q0, p0, (0.0, s, -s),
                               lambda q, v: np.minimum(_GH * np.sqrt(np.maximum(v, 0.0) / d), 0.5 * q))
         jensen = (r[1] + r[2]) / 6.0 - r[0] / 3.0 + sum((r[j] + r[j + 1]) / 6.0 - r[0] / 3.0 for j, _, _ in var)
-        y = _y2(ops, caches)
+        y = _y2(ops, caches, r.shape)
         for i, l in enumerate(idx):
             J[l] = jensen[i]
             Jy[l] = None if y is None else (y[1][i] + y[2][i]) / 6.0 - y[0][i] / 3.0
+    def finite(x):  # where a map leaves the range its shift is nan or inf: none is taken there
+        return np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+
     B, dy = [0.0], []
     for l in range(L):
-        dy.append(None if Jy[l] is None else resp["y"][l] * B[l] + Jy[l])
-        B.append(resp["a"][l] * B[l] + J[l])
+        dy.append(None if Jy[l] is None else finite(resp["y"][l] * B[l] + Jy[l]))
+        B.append(finite(resp["a"][l] * B[l] + J[l]))
     return B, dy
 
 
