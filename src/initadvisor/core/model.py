@@ -113,21 +113,23 @@ def propagate(stack: Stack, backward: bool = True, means: bool = False) -> Trace
     def att(key: str) -> np.ndarray:
         return _stack([getattr(c, key) for c in atts], shape)
 
-    y2 = att("y2")
+    Q, Pq, y2 = _stack(qs, shape), _stack(ps, shape), att("y2")
     widths = [P.d_model for P in stack.layers]
     if (backward or means) and all(widths):  # the means over sequences at finite width: the rho walk (walk.py)
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             resp = walk.responses(blocks, widths, qs, ps, backward)
+            V = walk.walk_variance(resp, qs, ps)
             if backward:
-                f = walk.gradient_factor(blocks, widths, qs, ps, gqs, gps, resp)[0]
+                f = walk.gradient_factor(blocks, widths, qs, ps, gqs, gps, resp, V)[0]
                 gqs, gps = map(list, zip(*(_clamp(g * x, h * x, 0.0) for g, h, x in zip(gqs, gps, f))))
             if means:
-                B, dy = walk.mean_shift(blocks, widths, qs, ps, resp, walk.walk_variance(resp, qs, ps))
-                ps = [_clamp(q, p + b * q, 0.0)[1] for q, p, b in zip(qs, ps, B)]
-                y2 = np.clip(y2 + _stack([0.0 if x is None else x for x in dy], shape), 0.0, 1.0)
+                B, dy = (x.reshape(x.shape + (1,) * (len(shape) + 1 - x.ndim))
+                         for x in walk.mean_shift(blocks, widths, qs, ps, resp, V))
+                Pq = _clamp(Q, Pq + B * Q, 0.0)[1]
+                y2 = np.clip(y2 + dy, 0.0, 1.0)
     gqs, gps = _stack(gqs, shape), _stack(gps, shape)
     return Trace(
-        q=_stack(qs, shape), p=_stack(ps, shape), grad_q=gqs, grad_p=gps, grad_scale=gqs[0],
+        q=Q, p=Pq, grad_q=gqs, grad_p=gps, grad_scale=gqs[0],
         att_q=att("q_in"), att_p=att("p_in"), beta=_stack([P.beta for P in stack.layers], shape),
         beta_c=att("beta_c"), y2=y2, y3=att("y3"), y22=att("y22"), qk_share=att("qk_share"), caches=caches,
     )

@@ -133,14 +133,15 @@ def walk_variance(resp: dict, qs, ps) -> list:
 _GH = np.sqrt(3.0)  # three-point Gauss-Hermite: E f(x + s z) = 2/3 f(x) + 1/6 (f(x + sqrt 3 s) + f(x - sqrt 3 s))
 
 
-def mean_shift(blocks, widths, qs, ps, resp: dict, V: list) -> tuple[list, list]:
-    """(B per index, the IPR's shift per layer): the mean over sequences of rho and of the attention's IPR at width d,
-    to second order in the walk. A block's map f of its input's rho is not linear, so the walk moves the mean by
-    E f(rho + d) - f(rho) (the curvature of f times V_l / 2; three-point Gauss-Hermite at the walk's spread, held
-    within rho in [-1, 1]), and each residual sum's own move e by E f(e) - f(0) alike; B_(l+1) = a_l B_l + both. The
-    IPR at block l: its slope times B_l plus its own such term."""
+def mean_shift(blocks, widths, qs, ps, resp: dict, V: list) -> tuple[np.ndarray, np.ndarray]:
+    """(B per index, the IPR's shift per layer; arrays over the layers): the mean over sequences of rho and of the
+    attention's IPR at width d, to second order in the walk. A block's map f of its input's rho is not linear, so the
+    walk moves the mean by E f(rho + d) - f(rho) (the curvature of f times V_l / 2; three-point Gauss-Hermite at the
+    walk's spread, held within rho in [-1, 1]), and each residual sum's own move e by E f(e) - f(0) alike;
+    B_(l+1) = a_l B_l + both. The IPR at block l: its slope times B_l plus its own such term (0 without attention).
+    Where a map leaves the range (nan or inf) no shift is taken there."""
     L = len(blocks)
-    J, Jy = [None] * L, [None] * L
+    J, Jy = [None] * L, [np.nan] * L
     for idx in _chunks(blocks):
         ops = blocks[idx[0]]
         q0, p0, v0 = _stacked(idx, qs, ps, V)
@@ -152,20 +153,31 @@ def mean_shift(blocks, widths, qs, ps, resp: dict, V: list) -> tuple[list, list]
                               lambda q, v: np.minimum(_GH * np.sqrt(np.maximum(v, 0.0) / d), 0.5 * q))
         jensen = (r[1] + r[2]) / 6.0 - r[0] / 3.0 + sum((r[j] + r[j + 1]) / 6.0 - r[0] / 3.0 for j, _, _ in var)
         y = _y2(ops, caches, r.shape)
+        jy = None if y is None else (y[1] + y[2]) / 6.0 - y[0] / 3.0
         for i, l in enumerate(idx):
             J[l] = jensen[i]
-            Jy[l] = None if y is None else (y[1][i] + y[2][i]) / 6.0 - y[0][i] / 3.0
-    def finite(x):  # where a map leaves the range its shift is nan or inf: none is taken there
-        return np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+            if jy is not None:
+                Jy[l] = jy[i]
 
-    B, dy = [0.0], []
-    for l in range(L):
-        dy.append(None if Jy[l] is None else finite(resp["y"][l] * B[l] + Jy[l]))
-        B.append(finite(resp["a"][l] * B[l] + J[l]))
-    return B, dy
+    def layers(xs):  # per-layer values as one finite array (L, *grid)
+        return np.nan_to_num(np.array(np.broadcast_arrays(*xs), dtype=float), nan=0.0, posinf=0.0, neginf=0.0)
+
+    a, J = layers(resp["a"]), layers(J)
+    if J.ndim == 1:  # the scalar pass: floats
+        B = [0.0]
+        for al, jl in zip(a.tolist(), J.tolist()):
+            B.append(min(max(al * B[-1] + jl, -2.0), 2.0))
+    else:
+        B = [np.zeros(J.shape[1:])]
+        for al, jl in zip(a, J):
+            B.append(np.clip(al * B[-1] + jl, -2.0, 2.0))
+    B = np.array(B)
+    slope = layers([np.nan if x is None else x for x in resp["y"]])
+    return B, np.nan_to_num(slope * B[:-1] + layers(Jy), nan=0.0)
 
 
-def gradient_factor(blocks, widths, qs, ps, gqs, gps, resp: dict | None = None) -> tuple[list, list, list]:
+def gradient_factor(blocks, widths, qs, ps, gqs, gps, resp: dict | None = None, V: list | None = None
+                    ) -> tuple[list, list, list]:
     """exp(var / 2) per index of the stream, with each block's slope a_l and the walk's variance V_l per index. var is
     the variance over sequences of the log of the gradient's q there (over the top's) that the walk moves: a deviation
     d_l of block l's input rho moves its backward matrix M_l (the 2 x 2 map of (gq, gp), linear at fixed forward
@@ -174,10 +186,11 @@ def gradient_factor(blocks, widths, qs, ps, gqs, gps, resp: dict | None = None) 
     V_(l+1) = a_l^2 V_l + Var e_l, V_0 = 0 (the input's own spread is not the walk's), at most (1 - rho)(1 + rho) (the
     Bhatia-Davis bound in [-1, 1]). Carried from the top with R_i = w_i + a_i M_i R_(i+1) (w_i = D_i g_(i+1): dg_i's
     response to d_i through every block above) and Cov(dg_(i+1), d_i) = a_i V_i R_(i+1). gqs, gps: the mean field's
-    gradient chain (index 0..L); resp: responses' with backward, if made."""
+    gradient chain (index 0..L); resp: responses' with backward, and V walk_variance's, if made."""
     L = len(blocks)
     resp = responses(blocks, widths, qs, ps, True) if resp is None else resp
-    a, M, D, V = resp["a"], resp["M"], resp["D"], walk_variance(resp, qs, ps)
+    a, M, D = resp["a"], resp["M"], resp["D"]
+    V = walk_variance(resp, qs, ps) if V is None else V
     S = [[0.0, 0.0], [0.0, 0.0]]  # Var(dg) at index L: the loss fixes the top gradient
     R = [0.0, 0.0]
     out = [1.0]
