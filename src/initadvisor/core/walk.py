@@ -10,7 +10,7 @@ over sequences is the mean field's times exp(var / 2) of the sum of those moves 
 where the gains fall steeply with rho, the mean field alone is 0.75-0.95 of the measured mean at d 720:
 benchmarks/gradient_tails.py). The block maps are not linear in rho either, so the walk also moves the mean of rho
 and of the attention's IPR over sequences, by the maps' curvature times the walk's variance (mean_shift): in post-LN
-0.003-0.007 in rho past the crossover at d 720, where the network's rho sits 0.01-0.013 below the mean field's. The
+0.003-0.005 in rho past the crossover at d 720, where the network's rho sits 0.01-0.013 below the mean field's. The
 pair engine only: the position-resolved engine (causal rows) carries neither.
 """
 
