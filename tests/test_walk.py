@@ -149,3 +149,42 @@ def test_mean_shift_is_the_walk_sampled(ratio, T):
     for x, engine in ((rho, t.rho), (y2, t.y2)):
         mean, se = np.array([v.mean() for v in x]), np.array([v.std() for v in x]) / np.sqrt(n)
         assert np.all(np.abs(mean - engine) <= 0.0006 + 3 * se), mean - engine
+
+
+def test_check_and_verify_report_the_means():
+    """`check` and `verify` report rho and the IPR as the means over sequences (propagate(..., means=True)), not the
+    mean field's: at d 64, post-LN 1.5 beta_c, T 16, 12 layers the two differ by 0.001-0.006 in rho from layer 6 on,
+    so a report that fell back to the mean field fails here."""
+    from initadvisor.api import verify
+    from initadvisor.diagnose import check
+
+    spec = build_spec(spec_for("post", 1.5, 16, False, 12, 64))
+    net = from_spec(spec)
+    means, field = propagate(net, backward=False, means=True), propagate(net, backward=False)
+    assert np.all(np.abs(means.rho[6:] - field.rho[6:]) > 5e-4)
+    reported = [check(spec)["layers"], verify(spec, seeds=1).data["layers"]]
+    for layers in reported:
+        rho = np.array([r["rho"] if isinstance(r["rho"], float) else r["rho"]["theory"] for r in layers])
+        np.testing.assert_allclose(rho, means.rho, rtol=0, atol=1e-5)  # (reports keep 6 significant digits)
+    ipr = np.array([r["ipr"]["theory"] for r in reported[1][1:]])
+    np.testing.assert_allclose(ipr, means.y2, rtol=1e-5)
+    assert np.max(np.abs(ipr / field.y2 - 1)) > 1e-3
+
+
+def test_mean_shift_takes_no_shift_where_a_map_leaves_the_range():
+    """A block whose slope is nan or inf (a map that left the range) passes no shift on: B stays finite, within
+    [-2, 2], and restarts from that block's own term."""
+    d, L = 64, 8
+    net = from_spec(build_spec(spec_for("post", 2.5, 16, False, L, d)))
+    t = propagate(net, backward=False)
+    qs, ps = list(t.q), list(t.p)
+    resp = walk.responses(net.blocks, [d] * L, qs, ps, False)
+    V = walk.walk_variance(resp, qs, ps)
+    B, dy = walk.mean_shift(net.blocks, [d] * L, qs, ps, resp, V)
+    a3, y5 = float(np.asarray(resp["a"][3])), float(np.asarray(resp["y"][5]))
+    resp["a"][3], resp["y"][5] = np.nan, np.inf
+    Bn, dyn = walk.mean_shift(net.blocks, [d] * L, qs, ps, resp, V)
+    assert np.all(np.isfinite(Bn)) and np.all(np.isfinite(dyn)) and np.all(np.abs(Bn) <= 2.0)
+    np.testing.assert_allclose(Bn[:4], B[:4])
+    assert Bn[4] == pytest.approx(B[4] - a3 * B[3])  # block 3's own term only
+    assert dyn[5] == pytest.approx(dy[5] - y5 * B[5])  # the IPR's own term only
