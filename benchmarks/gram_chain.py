@@ -78,11 +78,51 @@ def _plus(G: np.ndarray, Lx: np.ndarray, Y: np.ndarray) -> np.ndarray:
     return G + cross + cross.transpose(0, 2, 1) + Y @ Y.transpose(0, 2, 1) / d
 
 
+def structure(K: np.ndarray, A: np.ndarray, scale: float, rng, rows: int = 4) -> np.ndarray:
+    """What the keys' structure does to one infinite-width attention over a batch of B draws (K: the keys' cosines, A:
+    the drawn rows), for the late half of the positions. The late pairs' output overlap (A K A^T off the diagonal): as
+    drawn; with each pair's other key pairs at their mean overlap (the exchangeable keys the engine's laws assume, the
+    shared keys as drawn); and with K at its mean over the batch position by position (the positional structure; the
+    rest is within a position, 1/B of which the batch's mean keeps). The last `rows` rows' IPR: as drawn; at i.i.d.
+    scores of each row's own spread (the engine's law); sampled at the positional covariance. And the share of the
+    keys' centered variance in the positional structure's top direction."""
+    from initadvisor.core.softmax_rows import expected_y
+
+    B, T = K.shape[:2]
+    off = ~np.eye(T, dtype=bool)
+    late = np.zeros((T, T), bool)
+    late[T // 2:, T // 2:] = True
+    late &= off
+    Km = K.mean(axis=0)
+    shared = A @ A.transpose(0, 2, 1)
+    cs = np.cumsum(np.cumsum(K * off, axis=1), axis=2)  # the mean overlap of a pair's key pairs (s <= m, s' <= n)
+    lo, hi = np.minimum.outer(np.arange(T), np.arange(T)), np.maximum.outer(np.arange(T), np.arange(T))
+    mean_k = cs[:, lo, hi] / np.maximum((lo + 1.0) * (hi + 1.0) - (lo + 1.0), 1.0)
+    out = [(A @ K @ A.transpose(0, 2, 1))[:, late].mean(), (shared + (1.0 - shared) * mean_k)[:, late].mean(),
+           (A @ np.where(off, Km, K) @ A.transpose(0, 2, 1))[:, late].mean()]
+    drawn, iid, positional = [], [], []
+    for t in range(T - rows, T):
+        m = t + 1
+        J = np.eye(m) - 1.0 / m
+        spread = np.einsum("bii->b", J @ K[:, :m, :m] @ J) / (m - 1.0)  # mean diagonal - mean off-diagonal
+        iid.append(np.mean(expected_y(np.minimum(scale * np.sqrt(spread), 30.0), np.full(B, float(m)))[0]))
+        w, v = np.linalg.eigh(J @ Km[:m, :m] @ J)
+        S = scale * rng.standard_normal((32 * B, m)) @ (v * np.sqrt(np.maximum(w, 0.0))).T
+        P = np.exp(S - S.max(axis=1, keepdims=True))
+        P /= P.sum(axis=1, keepdims=True)
+        positional.append((P * P).sum(axis=1).mean())
+        drawn.append((A[:, t, :m] ** 2).sum(axis=1).mean())
+    J = np.eye(T) - 1.0 / T
+    w = np.linalg.eigvalsh(J @ Km @ J)
+    return np.array(out + [np.mean(drawn), np.mean(iid), np.mean(positional), w[-1] / w.sum()])
+
+
 def chain(spec: dict, q0: float, p0: float, draws: int, rng, batch: int = 16, width: int = 0,
-          finite: tuple = PARTS) -> tuple[np.ndarray, np.ndarray]:
+          finite: tuple = PARTS, probe: list | None = None) -> tuple[np.ndarray, np.ndarray]:
     """rho (draws, L + 1) and IPR (draws, L) of the encoder `spec` from the stream-0 moments: at infinite width, or
     (`width` d >= T) with the `finite` parts drawn at width d (the whole network in distribution with all of them,
-    its LayerNorms' centering aside), the rest at infinite width."""
+    its LayerNorms' centering aside), the rest at infinite width. probe: a list that receives `structure` per batch and
+    layer (infinite width)."""
     from initadvisor.spec import build_spec
 
     m, init = spec["model"], spec["init"]
@@ -112,6 +152,8 @@ def chain(spec: dict, q0: float, p0: float, draws: int, rng, batch: int = 16, wi
                 Lc = Lx / np.sqrt(np.einsum("bii->bi", G))[:, :, None]  # the branch reads the normed stream
                 if branch == "values":
                     A, y2 = _rows(Lc, scale, mask, rng, d["scores"])
+                    if probe is not None:
+                        probe.append(structure(Lc @ Lc.transpose(0, 2, 1), A, scale, rng))
                     if d["values"]:
                         G = _plus(G, Lx, math.sqrt(gv) * (A @ Lc @ rng.standard_normal((B, T, width))))
                     else:
@@ -170,6 +212,8 @@ def main() -> None:
     ap.add_argument("--report", default="", help="a verify report of the same cell (JSON)")
     ap.add_argument("--width", type=int, default=0, help="draw the --finite parts at this width (>= T; 0: infinite)")
     ap.add_argument("--finite", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    ap.add_argument("--structure", action="store_true",
+                    help="also what the keys' structure does per layer (infinite width; `structure`)")
     args = ap.parse_args()
     try:
         norm, ratio, T, kind = args.cell.split(":")
@@ -184,6 +228,8 @@ def main() -> None:
     finite = tuple(p for p in args.finite.split(",") if p)
     if args.width and not int(T) <= args.width <= 65536 or any(p not in PARTS for p in finite):
         ap.error(f"--width must be 0 or in [T, 65536] and --finite of {', '.join(PARTS)}")
+    if args.structure and args.width:
+        ap.error("--structure is at infinite width: leave out --width")
     spec = spec_for(norm, float(ratio), int(T), kind == "causal", args.layers, 720)
     net = None
     if args.report:
@@ -201,7 +247,9 @@ def main() -> None:
         if len(layers) != args.layers + 1:
             ap.error(f"--report {args.report}: {len(layers) - 1} layers, the cell has {args.layers}")
     e_rho, e_ipr, q0, p0 = _engine(spec)
-    rho, ipr = chain(spec, q0, p0, args.draws, np.random.default_rng(args.seed), width=args.width, finite=finite)
+    probe = [] if args.structure else None
+    rho, ipr = chain(spec, q0, p0, args.draws, np.random.default_rng(args.seed), width=args.width, finite=finite,
+                     probe=probe)
     c_rho, c_ipr = rho.mean(axis=0), np.concatenate([[np.nan], ipr.mean(axis=0)])
     s_rho = rho.std(axis=0, ddof=1) / math.sqrt(args.draws) if args.draws > 1 else np.full_like(c_rho, np.nan)
     s_ipr = np.concatenate([[np.nan], ipr.std(axis=0, ddof=1) / math.sqrt(args.draws) if args.draws > 1
@@ -218,6 +266,16 @@ def main() -> None:
         print(line)
     print(f"engine - chain (the draw's keys):  rho {_gap(e_rho, c_rho, s_rho, False)}, "
           f"IPR {_gap(e_ipr, c_ipr, s_ipr, True)}")
+    if probe:
+        probe = np.mean(np.reshape(probe, (-1, args.layers, 7)), axis=0)
+        print("\nthe keys' structure (the mean over batches of 16 draws): the late pairs' output overlap as drawn, with "
+              "exchangeable keys, and its excess over them at the keys' positional means and within a position; the "
+              "last 4 rows' IPR as drawn, at i.i.d. scores of each row's spread and at the positional covariance; the "
+              "positional structure's top direction's share")
+        print("index   overlap: drawn  exchangeable  positional  within    IPR: drawn  i.i.d.  positional    top share")
+        for i, (o, x, p, y, iid, pos, top) in enumerate(probe, start=1):
+            print(f"{i:5d}   {o:13.4f}  {x:12.4f}  {p - x:+10.4f}  {o - p:+7.4f}  {y:11.4f}  {iid:6.4f}  {pos:10.4f}"
+                  f"  {top:11.3f}")
     if net:
         (n_rho, n_srho), (n_ipr, n_sipr) = net["rho"], net["ipr"]
         print(f"chain - network (the width):       rho {_gap(c_rho, n_rho, np.hypot(s_rho, n_srho), False)}, "
