@@ -2,6 +2,7 @@
 
 Usage: OPENBLAS_NUM_THREADS=1 python benchmarks/gram_chain.py post:1.5:512:causal [--draws 32] [--seed 0]
        [--report DIR/post-1.5-512-causal.json] [--width 720 [--finite embeddings,scores,values,mlp]]
+       [--structure] [--forced]
 
 At infinite width the stream of phase_fidelity.py's encoder is its T x T Gram matrix G (x_s . x_s' / d), and a block
 maps it exactly, given one random matrix per layer: the scores S = beta sqrt(ln T) L Z L^T (L L^T the attention
@@ -12,6 +13,9 @@ keys (the engine takes a row's scores as i.i.d. at the mean overlaps), and from 
 Per layer it prints the engine's rho and IPR, the chain's mean over `--draws` draws with its standard error, and,
 given a `verify` report of the same cell (phase_fidelity.py --reports), the network's; then the largest gap of each
 pair over the layers. Token repeats (vocab 50000) are left out. Asserts nothing.
+
+`--structure` prints per layer what the keys' structure does to the attention (`structure`), `--forced` each block of
+the engine teacher-forced on the chain's mean state (`forced`, causal cells), both at infinite width.
 
 `--width d` draws the `--finite` parts at width d instead (d >= T), which locates the width's effect: fresh Gaussian
 weights are blind to the frame, so with the stream taken as sqrt(d) [L | 0] (its Gram L L^T, in its first T
@@ -117,12 +121,55 @@ def structure(K: np.ndarray, A: np.ndarray, scale: float, rng, rows: int = 4) ->
     return np.array(out + [np.mean(drawn), np.mean(iid), np.mean(positional), w[-1] / w.sum()])
 
 
+def forced(spec: dict):
+    """A probe for `chain` (causal cells, infinite width) and its results: per batch and layer, the engine's block and
+    its attention applied to the batch's mean state (position groups as the engine's, from the chain's mean Gram)
+    against the chain's next layer: the block's rho, the attention output's mean pair overlap and mean q (the engine
+    less the chain). Teacher forcing isolates each block's bias, which free-running stacks amplify."""
+    from initadvisor.core import causal as cz
+    from initadvisor.core.ops import Attention, Residual, causal_forward
+    from initadvisor.spec import build_spec
+    from initadvisor.stack import from_spec
+
+    net = from_spec(build_spec(spec))
+    T = spec["sequence"]["length"]
+    grid = cz._grid(T, cz._SINGLE, cz._RATIO)
+    gv = spec["init"]["v"]["gain"]
+    off = ~np.eye(T, dtype=bool)
+    cells = (grid.gid[:, None], grid.gid[None, :])
+    pairs = np.zeros((len(grid.n),) * 2)
+    np.add.at(pairs, cells, off.astype(float))
+    out = []
+
+    def state(X):  # the engine's state of a mean Gram: per-position q, group-pair mean overlaps
+        P = np.zeros_like(pairs)
+        np.add.at(P, cells, np.where(off, X, 0.0))
+        return cz.State(np.diag(X).copy(), np.where(pairs > 0, P / np.maximum(pairs, 1.0), 0.0))
+
+    def probe(layer, G_in, K, A, G_out):
+        ops = net.blocks[layer]
+        S = state(G_in.mean(axis=0))
+        branch = next(b for op in ops if isinstance(op, Residual) for _, b in op.branches
+                      if any(isinstance(x, Attention) for x in b))
+        Sa = S
+        for op in branch[:next(i for i, x in enumerate(branch) if isinstance(x, Attention))]:
+            Sa = op.causal(grid, Sa)[0]
+        O = next(x for x in branch if isinstance(x, Attention)).causal(grid, Sa)[0]
+        rho = cz._summary(grid, cz._clamp(grid, causal_forward(ops, grid, S)[0]))[0]
+        Oc = gv * (A @ K @ A.transpose(0, 2, 1))
+        chain_rho = (G_out[:, off].mean(axis=1) / np.einsum("bii->b", G_out) * T).mean()
+        out.append((rho - chain_rho, (O.P * pairs).sum() / pairs.sum() - Oc[:, off].mean(),
+                    O.qf.mean() - np.einsum("bii->b", Oc).mean() / T))
+
+    return probe, out
+
+
 def chain(spec: dict, q0: float, p0: float, draws: int, rng, batch: int = 16, width: int = 0,
-          finite: tuple = PARTS, probe: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+          finite: tuple = PARTS, probe=None) -> tuple[np.ndarray, np.ndarray]:
     """rho (draws, L + 1) and IPR (draws, L) of the encoder `spec` from the stream-0 moments: at infinite width, or
     (`width` d >= T) with the `finite` parts drawn at width d (the whole network in distribution with all of them,
-    its LayerNorms' centering aside), the rest at infinite width. probe: a list that receives `structure` per batch and
-    layer (infinite width)."""
+    its LayerNorms' centering aside), the rest at infinite width. probe(l, G_in, K, A, G_out), if given, sees each
+    batch's block l: the stream entering it, its attention's input cosines and rows, the stream leaving it."""
     from initadvisor.spec import build_spec
 
     m, init = spec["model"], spec["init"]
@@ -146,14 +193,14 @@ def chain(spec: dict, q0: float, p0: float, draws: int, rng, batch: int = 16, wi
             if normed:
                 G = _cosines(G)
         rho, ipr = [G[:, off].mean(axis=1) / np.einsum("bii->b", G) * T], []
-        for _ in range(L):
+        for layer in range(L):
+            G_in = G
             for branch in ("values", "mlp"):
                 Lx = _factor(G)
                 Lc = Lx / np.sqrt(np.einsum("bii->bi", G))[:, :, None]  # the branch reads the normed stream
                 if branch == "values":
                     A, y2 = _rows(Lc, scale, mask, rng, d["scores"])
-                    if probe is not None:
-                        probe.append(structure(Lc @ Lc.transpose(0, 2, 1), A, scale, rng))
+                    K = Lc @ Lc.transpose(0, 2, 1)
                     if d["values"]:
                         G = _plus(G, Lx, math.sqrt(gv) * (A @ Lc @ rng.standard_normal((B, T, width))))
                     else:
@@ -167,6 +214,8 @@ def chain(spec: dict, q0: float, p0: float, draws: int, rng, batch: int = 16, wi
                     G = G + g2 * _relu_kernel(g1 * (Lc @ Lc.transpose(0, 2, 1)) + b1) + b2
                 if not pre:
                     G = _cosines(G)
+            if probe is not None:
+                probe(layer, G_in, K, A, G)
             rho.append(G[:, off].mean(axis=1) / np.einsum("bii->b", G) * T)
             ipr.append(y2)
         rhos.append(np.stack(rho, axis=1))
@@ -209,11 +258,14 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, default=50)
+    ap.add_argument("--batch", type=int, default=16, help="draws run together (the probes' mean state is a batch's)")
     ap.add_argument("--report", default="", help="a verify report of the same cell (JSON)")
     ap.add_argument("--width", type=int, default=0, help="draw the --finite parts at this width (>= T; 0: infinite)")
     ap.add_argument("--finite", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     ap.add_argument("--structure", action="store_true",
                     help="also what the keys' structure does per layer (infinite width; `structure`)")
+    ap.add_argument("--forced", action="store_true",
+                    help="also each block teacher-forced on the chain's mean state (causal, infinite width; `forced`)")
     args = ap.parse_args()
     try:
         norm, ratio, T, kind = args.cell.split(":")
@@ -223,13 +275,15 @@ def main() -> None:
     except ValueError:
         ap.error(f"cell: expected norm:ratio:T:bi|causal with norm post or pre, 0 < ratio <= 100 and 2 <= T <= 4096, "
                  f"got {args.cell!r}")
-    if not 1 <= args.draws <= 10000 or not 1 <= args.layers <= 1000 or args.seed < 0:
-        ap.error("--draws must be in [1, 10000], --layers in [1, 1000] and --seed >= 0")
+    if not 1 <= args.draws <= 10000 or not 1 <= args.layers <= 1000 or args.seed < 0 or not 1 <= args.batch <= 10000:
+        ap.error("--draws and --batch must be in [1, 10000], --layers in [1, 1000] and --seed >= 0")
     finite = tuple(p for p in args.finite.split(",") if p)
     if args.width and not int(T) <= args.width <= 65536 or any(p not in PARTS for p in finite):
         ap.error(f"--width must be 0 or in [T, 65536] and --finite of {', '.join(PARTS)}")
-    if args.structure and args.width:
-        ap.error("--structure is at infinite width: leave out --width")
+    if (args.structure or args.forced) and args.width:
+        ap.error("--structure and --forced are at infinite width: leave out --width")
+    if args.forced and kind != "causal":
+        ap.error("--forced runs the position-resolved engine: a causal cell")
     spec = spec_for(norm, float(ratio), int(T), kind == "causal", args.layers, 720)
     net = None
     if args.report:
@@ -247,9 +301,17 @@ def main() -> None:
         if len(layers) != args.layers + 1:
             ap.error(f"--report {args.report}: {len(layers) - 1} layers, the cell has {args.layers}")
     e_rho, e_ipr, q0, p0 = _engine(spec)
-    probe = [] if args.structure else None
-    rho, ipr = chain(spec, q0, p0, args.draws, np.random.default_rng(args.seed), width=args.width, finite=finite,
-                     probe=probe)
+    rng = np.random.default_rng(args.seed)
+    found, steps = [], []
+    probes = []
+    if args.structure:
+        probes.append(lambda l, G_in, K, A, G_out: found.append(structure(K, A, scale, rng, max(4, int(T) // 32))))
+    if args.forced:
+        probe, steps = forced(spec)
+        probes.append(probe)
+    scale = spec["init"]["qk_beta"] * math.sqrt(math.log(int(T)))
+    rho, ipr = chain(spec, q0, p0, args.draws, rng, batch=args.batch, width=args.width, finite=finite,
+                     probe=(lambda *a: [p(*a) for p in probes]) if probes else None)
     c_rho, c_ipr = rho.mean(axis=0), np.concatenate([[np.nan], ipr.mean(axis=0)])
     s_rho = rho.std(axis=0, ddof=1) / math.sqrt(args.draws) if args.draws > 1 else np.full_like(c_rho, np.nan)
     s_ipr = np.concatenate([[np.nan], ipr.std(axis=0, ddof=1) / math.sqrt(args.draws) if args.draws > 1
@@ -266,16 +328,27 @@ def main() -> None:
         print(line)
     print(f"engine - chain (the draw's keys):  rho {_gap(e_rho, c_rho, s_rho, False)}, "
           f"IPR {_gap(e_ipr, c_ipr, s_ipr, True)}")
-    if probe:
-        probe = np.mean(np.reshape(probe, (-1, args.layers, 7)), axis=0)
-        print("\nthe keys' structure (the mean over batches of 16 draws): the late pairs' output overlap as drawn, with "
-              "exchangeable keys, and its excess over them at the keys' positional means and within a position; the "
-              "last 4 rows' IPR as drawn, at i.i.d. scores of each row's spread and at the positional covariance; the "
-              "positional structure's top direction's share")
+    if found:
+        found = np.mean(np.reshape(found, (-1, args.layers, 7)), axis=0)
+        print(f"\nthe keys' structure (the mean over batches of {args.batch} draws): the late pairs' output overlap "
+              "as drawn, with exchangeable keys, and its excess over them at the keys' positional means and within a "
+              f"position; the last {max(4, int(T) // 32)} rows' IPR as drawn, at i.i.d. scores of each row's spread "
+              "and at the positional covariance; the positional structure's top direction's share")
         print("index   overlap: drawn  exchangeable  positional  within    IPR: drawn  i.i.d.  positional    top share")
-        for i, (o, x, p, y, iid, pos, top) in enumerate(probe, start=1):
+        for i, (o, x, p, y, iid, pos, top) in enumerate(found, start=1):
             print(f"{i:5d}   {o:13.4f}  {x:12.4f}  {p - x:+10.4f}  {o - p:+7.4f}  {y:11.4f}  {iid:6.4f}  {pos:10.4f}"
                   f"  {top:11.3f}")
+    if steps:
+        steps = np.reshape(steps, (-1, args.layers, 3))
+        mean = steps.mean(axis=0)
+        se = steps.std(axis=0, ddof=1) / math.sqrt(len(steps)) if len(steps) > 1 else None
+        print("\nteacher-forced (the engine's block on each batch's mean state against the chain's next layer; the "
+              f"engine less the chain, mean over batches of {args.batch} draws (se)): the block's rho, its attention "
+              "output's mean pair overlap and mean q")
+        print("index   block rho            attention: pair overlap      q")
+        for i, row in enumerate(mean, start=1):
+            err = [f" ({se[i - 1][k]:.5f})" if se is not None else "" for k in range(3)]
+            print(f"{i:5d}   {row[0]:+.5f}{err[0]}   {row[1]:+.5f}{err[1]}   {row[2]:+.5f}{err[2]}")
     if net:
         (n_rho, n_srho), (n_ipr, n_sipr) = net["rho"], net["ipr"]
         print(f"chain - network (the width):       rho {_gap(c_rho, n_rho, np.hypot(s_rho, n_srho), False)}, "
