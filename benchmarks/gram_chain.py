@@ -14,8 +14,9 @@ Per layer it prints the engine's rho and IPR, the chain's mean over `--draws` dr
 given a `verify` report of the same cell (phase_fidelity.py --reports), the network's; then the largest gap of each
 pair over the layers. Token repeats (vocab 50000) are left out. Asserts nothing.
 
-`--structure` prints per layer what the keys' structure does to the attention (`structure`), `--forced` each block of
-the engine teacher-forced on the chain's mean state (`forced`, causal cells), both at infinite width.
+`--structure` prints per layer what the keys' structure does to the attention (`structure`, at infinite width),
+`--forced` each block of the engine teacher-forced on the chain's mean state (`forced`, causal cells; with `--width`,
+against the chain's next layer at that width).
 
 `--width d` draws the `--finite` parts at width d instead (d >= T), which locates the width's effect: fresh Gaussian
 weights are blind to the frame, so with the stream taken as sqrt(d) [L | 0] (its Gram L L^T, in its first T
@@ -122,10 +123,11 @@ def structure(K: np.ndarray, A: np.ndarray, scale: float, rng, rows: int = 4) ->
 
 
 def forced(spec: dict):
-    """A probe for `chain` (causal cells, infinite width) and its results: per batch and layer, the engine's block and
-    its attention applied to the batch's mean state (position groups as the engine's, from the chain's mean Gram)
-    against the chain's next layer: the block's rho, the attention output's mean pair overlap and mean q (the engine
-    less the chain). Teacher forcing isolates each block's bias, which free-running stacks amplify."""
+    """A probe for `chain` (causal cells) and its results: per batch and layer, the engine's block and its attention
+    applied to the batch's mean state (position groups as the engine's, from the chain's mean Gram) against the chain's
+    next layer: the block's rho, the attention output's mean pair overlap and mean q (the engine less the chain).
+    Teacher forcing isolates each block's bias, which free-running stacks amplify; with the chain's parts at finite
+    width, the width's part of it."""
     from initadvisor.core import causal as cz
     from initadvisor.core.ops import Attention, Residual, causal_forward
     from initadvisor.spec import build_spec
@@ -134,7 +136,6 @@ def forced(spec: dict):
     net = from_spec(build_spec(spec))
     T = spec["sequence"]["length"]
     grid = cz._grid(T, cz._SINGLE, cz._RATIO)
-    gv = spec["init"]["v"]["gain"]
     off = ~np.eye(T, dtype=bool)
     cells = (grid.gid[:, None], grid.gid[None, :])
     pairs = np.zeros((len(grid.n),) * 2)
@@ -146,7 +147,7 @@ def forced(spec: dict):
         np.add.at(P, cells, np.where(off, X, 0.0))
         return cz.State(np.diag(X).copy(), np.where(pairs > 0, P / np.maximum(pairs, 1.0), 0.0))
 
-    def probe(layer, G_in, K, A, G_out):
+    def probe(layer, G_in, K, A, Oc, G_out):
         ops = net.blocks[layer]
         S = state(G_in.mean(axis=0))
         branch = next(b for op in ops if isinstance(op, Residual) for _, b in op.branches
@@ -156,7 +157,6 @@ def forced(spec: dict):
             Sa = op.causal(grid, Sa)[0]
         O = next(x for x in branch if isinstance(x, Attention)).causal(grid, Sa)[0]
         rho = cz._summary(grid, cz._clamp(grid, causal_forward(ops, grid, S)[0]))[0]
-        Oc = gv * (A @ K @ A.transpose(0, 2, 1))
         chain_rho = (G_out[:, off].mean(axis=1) / np.einsum("bii->b", G_out) * T).mean()
         out.append((rho - chain_rho, (O.P * pairs).sum() / pairs.sum() - Oc[:, off].mean(),
                     O.qf.mean() - np.einsum("bii->b", Oc).mean() / T))
@@ -168,8 +168,9 @@ def chain(spec: dict, q0: float, p0: float, draws: int, rng, batch: int = 16, wi
           finite: tuple = PARTS, probe=None) -> tuple[np.ndarray, np.ndarray]:
     """rho (draws, L + 1) and IPR (draws, L) of the encoder `spec` from the stream-0 moments: at infinite width, or
     (`width` d >= T) with the `finite` parts drawn at width d (the whole network in distribution with all of them,
-    its LayerNorms' centering aside), the rest at infinite width. probe(l, G_in, K, A, G_out), if given, sees each
-    batch's block l: the stream entering it, its attention's input cosines and rows, the stream leaving it."""
+    its LayerNorms' centering aside), the rest at infinite width. probe(l, G_in, K, A, O, G_out), if given, sees each
+    batch's block l: the stream entering it, its attention's input cosines, rows and output's Gram, the stream leaving
+    it."""
     from initadvisor.spec import build_spec
 
     m, init = spec["model"], spec["init"]
@@ -202,9 +203,12 @@ def chain(spec: dict, q0: float, p0: float, draws: int, rng, batch: int = 16, wi
                     A, y2 = _rows(Lc, scale, mask, rng, d["scores"])
                     K = Lc @ Lc.transpose(0, 2, 1)
                     if d["values"]:
-                        G = _plus(G, Lx, math.sqrt(gv) * (A @ Lc @ rng.standard_normal((B, T, width))))
+                        Y = math.sqrt(gv) * (A @ Lc @ rng.standard_normal((B, T, width)))
+                        O = Y @ Y.transpose(0, 2, 1) / width
+                        G = _plus(G, Lx, Y)
                     else:
-                        G = G + gv * (A @ Lc @ Lc.transpose(0, 2, 1) @ A.transpose(0, 2, 1))
+                        O = gv * (A @ K @ A.transpose(0, 2, 1))
+                        G = G + O
                 elif d["mlp"]:
                     H = math.sqrt(g1) * (Lc @ rng.standard_normal((B, T, f)))
                     H += math.sqrt(b1) * rng.standard_normal((B, 1, f))
@@ -215,7 +219,7 @@ def chain(spec: dict, q0: float, p0: float, draws: int, rng, batch: int = 16, wi
                 if not pre:
                     G = _cosines(G)
             if probe is not None:
-                probe(layer, G_in, K, A, G)
+                probe(layer, G_in, K, A, O, G)
             rho.append(G[:, off].mean(axis=1) / np.einsum("bii->b", G) * T)
             ipr.append(y2)
         rhos.append(np.stack(rho, axis=1))
@@ -280,8 +284,8 @@ def main() -> None:
     finite = tuple(p for p in args.finite.split(",") if p)
     if args.width and not int(T) <= args.width <= 65536 or any(p not in PARTS for p in finite):
         ap.error(f"--width must be 0 or in [T, 65536] and --finite of {', '.join(PARTS)}")
-    if (args.structure or args.forced) and args.width:
-        ap.error("--structure and --forced are at infinite width: leave out --width")
+    if args.structure and args.width:
+        ap.error("--structure is at infinite width: leave out --width")
     if args.forced and kind != "causal":
         ap.error("--forced runs the position-resolved engine: a causal cell")
     spec = spec_for(norm, float(ratio), int(T), kind == "causal", args.layers, 720)
@@ -305,7 +309,7 @@ def main() -> None:
     found, steps = [], []
     probes = []
     if args.structure:
-        probes.append(lambda l, G_in, K, A, G_out: found.append(structure(K, A, scale, rng, max(4, int(T) // 32))))
+        probes.append(lambda l, G_in, K, A, O, G_out: found.append(structure(K, A, scale, rng, max(4, int(T) // 32))))
     if args.forced:
         probe, steps = forced(spec)
         probes.append(probe)
