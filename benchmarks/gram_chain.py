@@ -2,7 +2,7 @@
 
 Usage: OPENBLAS_NUM_THREADS=1 python benchmarks/gram_chain.py post:1.5:512:causal [--draws 32] [--seed 0]
        [--report DIR/post-1.5-512-causal.json] [--width 720 [--finite embeddings,scores,values,mlp]]
-       [--structure] [--forced]
+       [--structure] [--forced] [--pull 720] [--batch 16]
 
 At infinite width the stream of phase_fidelity.py's encoder is its T x T Gram matrix G (x_s . x_s' / d), and a block
 maps it exactly, given one random matrix per layer: the scores S = beta sqrt(ln T) L Z L^T (L L^T the attention
@@ -16,7 +16,8 @@ pair over the layers. Token repeats (vocab 50000) are left out. Asserts nothing.
 
 `--structure` prints per layer what the keys' structure does to the attention (`structure`, at infinite width),
 `--forced` each block of the engine teacher-forced on the chain's mean state (`forced`, causal cells; with `--width`,
-against the chain's next layer at that width).
+against the chain's next layer at that width), `--pull D` each block's own pull on rho at width D (`pull`, from the
+infinite-width chain's states).
 
 `--width d` draws the `--finite` parts at width d instead (d >= T), which locates the width's effect: fresh Gaussian
 weights are blind to the frame, so with the stream taken as sqrt(d) [L | 0] (its Gram L L^T, in its first T
@@ -157,9 +158,75 @@ def forced(spec: dict):
             Sa = op.causal(grid, Sa)[0]
         O = next(x for x in branch if isinstance(x, Attention)).causal(grid, Sa)[0]
         rho = cz._summary(grid, cz._clamp(grid, causal_forward(ops, grid, S)[0]))[0]
-        chain_rho = (G_out[:, off].mean(axis=1) / np.einsum("bii->b", G_out) * T).mean()
+        chain_rho = _rho(G_out).mean()
         out.append((rho - chain_rho, (O.P * pairs).sum() / pairs.sum() - Oc[:, off].mean(),
                     O.qf.mean() - np.einsum("bii->b", Oc).mean() / T))
+
+    return probe, out
+
+
+def _constants(spec: dict) -> dict:
+    """What a block of the chain reads of the encoder `spec`."""
+    m, init = spec["model"], spec["init"]
+    T = spec["sequence"]["length"]
+    return {"T": T, "pre": m["norm"] == "pre", "f": m["d_ff"], "gv": init["v"]["gain"], "g1": init["ff_in"]["gain"],
+            "g2": init["ff_out"]["gain"], "b1": init["ff_in"]["bias_std"] ** 2, "b2": init["ff_out"]["bias_std"] ** 2,
+            "scale": init["qk_beta"] * math.sqrt(math.log(T)),
+            "mask": np.tril(np.ones((T, T), bool)) if m["causal"] else np.ones((T, T), bool)}
+
+
+def _block(G: np.ndarray, c: dict, scores, weights, d: dict, sign: float = 1.0) -> tuple:
+    """One block of the chain on a batch's Gram G: (the Gram leaving it, the attention's input cosines K, rows A and
+    output's Gram O, the rows' IPR). d: the width of each part (0: infinite); scores and weights: the generators of
+    the score matrices and of the finite parts' weights; sign flips those weights (an antithetic pair of draws)."""
+    B, T, width = G.shape[0], c["T"], max(d.values())
+    for branch in ("values", "mlp"):
+        Lx = _factor(G)
+        Lc = Lx / np.sqrt(np.einsum("bii->bi", G))[:, :, None]  # the branch reads the normed stream
+        if branch == "values":
+            A, y2 = _rows(Lc, c["scale"], c["mask"], scores, d["scores"])
+            K = Lc @ Lc.transpose(0, 2, 1)
+            if d["values"]:
+                Y = sign * math.sqrt(c["gv"]) * (A @ Lc @ weights.standard_normal((B, T, width)))
+                O = Y @ Y.transpose(0, 2, 1) / width
+                G = _plus(G, Lx, Y)
+            else:
+                O = c["gv"] * (A @ K @ A.transpose(0, 2, 1))
+                G = G + O
+        elif d["mlp"]:
+            f = c["f"]
+            H = math.sqrt(c["g1"]) * (Lc @ weights.standard_normal((B, T, f)))
+            H += math.sqrt(c["b1"]) * weights.standard_normal((B, 1, f))
+            Y = np.maximum(H, 0.0) @ weights.standard_normal((B, f, width)) * math.sqrt(c["g2"] / f)
+            G = _plus(G, Lx, sign * (Y + math.sqrt(c["b2"]) * weights.standard_normal((B, 1, width))))
+        else:
+            G = G + c["g2"] * _relu_kernel(c["g1"] * (Lc @ Lc.transpose(0, 2, 1)) + c["b1"]) + c["b2"]
+        if not c["pre"]:
+            G = _cosines(G)
+    return G, K, A, O, y2
+
+
+def _rho(G: np.ndarray) -> np.ndarray:
+    """Each draw's rho: its mean off-diagonal overlap over its mean q."""
+    T = G.shape[1]
+    return (np.einsum("bij->b", G) - np.einsum("bii->b", G)) / (T - 1.0) / np.einsum("bii->b", G)
+
+
+def pull(spec: dict, width: int, seed: int = 0):
+    """A probe for `chain` (at infinite width) and its results: per batch and layer, each draw's rho change when the
+    block's values and MLP are drawn at `width` instead of infinite width, from the chain's own state entering it,
+    with common score matrices and an antithetic pair of weight draws (whose first-order terms cancel, leaving the
+    width's mean pull on rho, which the stack then amplifies)."""
+    c, out = _constants(spec), []
+    finite = {"embeddings": 0, "scores": 0, "values": width, "mlp": width}
+    none = dict.fromkeys(PARTS, 0)
+
+    def probe(layer, G_in, K, A, O, G_out):
+        key = [seed, layer, len(out)]
+        runs = [_rho(_block(G_in, c, np.random.default_rng(key), np.random.default_rng(key + [1]), finite, sign)[0])
+                for sign in (1.0, -1.0)]
+        plain = _rho(_block(G_in, c, np.random.default_rng(key), None, none)[0])
+        out.append(0.5 * (runs[0] + runs[1]) - plain)
 
     return probe, out
 
@@ -173,15 +240,10 @@ def chain(spec: dict, q0: float, p0: float, draws: int, rng, batch: int = 16, wi
     it."""
     from initadvisor.spec import build_spec
 
-    m, init = spec["model"], spec["init"]
-    T, L, pre, f = spec["sequence"]["length"], m["layers"], m["norm"] == "pre", m["d_ff"]
+    T, L = spec["sequence"]["length"], spec["model"]["layers"]
     if width and width < T:
         raise ValueError(f"width {width} < T {T}: the stream's frame needs T coordinates")
-    gv, g1, g2 = init["v"]["gain"], init["ff_in"]["gain"], init["ff_out"]["gain"]
-    b1, b2 = init["ff_in"]["bias_std"] ** 2, init["ff_out"]["bias_std"] ** 2
-    scale = init["qk_beta"] * math.sqrt(math.log(T))
-    mask = np.tril(np.ones((T, T), bool)) if m["causal"] else np.ones((T, T), bool)
-    off = ~np.eye(T, dtype=bool)
+    c = _constants(spec)
     d = {part: width if part in finite else 0 for part in PARTS}
     normed = build_spec(spec).embedding_norm
     rhos, iprs = [], []
@@ -193,34 +255,13 @@ def chain(spec: dict, q0: float, p0: float, draws: int, rng, batch: int = 16, wi
             G = Y @ Y.transpose(0, 2, 1) / width
             if normed:
                 G = _cosines(G)
-        rho, ipr = [G[:, off].mean(axis=1) / np.einsum("bii->b", G) * T], []
+        rho, ipr = [_rho(G)], []
         for layer in range(L):
             G_in = G
-            for branch in ("values", "mlp"):
-                Lx = _factor(G)
-                Lc = Lx / np.sqrt(np.einsum("bii->bi", G))[:, :, None]  # the branch reads the normed stream
-                if branch == "values":
-                    A, y2 = _rows(Lc, scale, mask, rng, d["scores"])
-                    K = Lc @ Lc.transpose(0, 2, 1)
-                    if d["values"]:
-                        Y = math.sqrt(gv) * (A @ Lc @ rng.standard_normal((B, T, width)))
-                        O = Y @ Y.transpose(0, 2, 1) / width
-                        G = _plus(G, Lx, Y)
-                    else:
-                        O = gv * (A @ K @ A.transpose(0, 2, 1))
-                        G = G + O
-                elif d["mlp"]:
-                    H = math.sqrt(g1) * (Lc @ rng.standard_normal((B, T, f)))
-                    H += math.sqrt(b1) * rng.standard_normal((B, 1, f))
-                    Y = np.maximum(H, 0.0) @ rng.standard_normal((B, f, width)) * math.sqrt(g2 / f)
-                    G = _plus(G, Lx, Y + math.sqrt(b2) * rng.standard_normal((B, 1, width)))
-                else:
-                    G = G + g2 * _relu_kernel(g1 * (Lc @ Lc.transpose(0, 2, 1)) + b1) + b2
-                if not pre:
-                    G = _cosines(G)
+            G, K, A, O, y2 = _block(G, c, rng, rng, d)
             if probe is not None:
                 probe(layer, G_in, K, A, O, G)
-            rho.append(G[:, off].mean(axis=1) / np.einsum("bii->b", G) * T)
+            rho.append(_rho(G))
             ipr.append(y2)
         rhos.append(np.stack(rho, axis=1))
         iprs.append(np.stack(ipr, axis=1))
@@ -268,6 +309,8 @@ def main() -> None:
     ap.add_argument("--finite", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     ap.add_argument("--structure", action="store_true",
                     help="also what the keys' structure does per layer (infinite width; `structure`)")
+    ap.add_argument("--pull", type=int, default=0,
+                    help="also each block's own pull on rho at this width (values, MLP; infinite-width chain; `pull`)")
     ap.add_argument("--forced", action="store_true",
                     help="also each block teacher-forced on the chain's mean state (causal, infinite width; `forced`)")
     args = ap.parse_args()
@@ -284,8 +327,10 @@ def main() -> None:
     finite = tuple(p for p in args.finite.split(",") if p)
     if args.width and not int(T) <= args.width <= 65536 or any(p not in PARTS for p in finite):
         ap.error(f"--width must be 0 or in [T, 65536] and --finite of {', '.join(PARTS)}")
-    if args.structure and args.width:
-        ap.error("--structure is at infinite width: leave out --width")
+    if (args.structure or args.pull) and args.width:
+        ap.error("--structure and --pull run on the infinite-width chain: leave out --width")
+    if args.pull and not int(T) <= args.pull <= 65536:
+        ap.error("--pull must be in [T, 65536]")
     if args.forced and kind != "causal":
         ap.error("--forced runs the position-resolved engine: a causal cell")
     spec = spec_for(norm, float(ratio), int(T), kind == "causal", args.layers, 720)
@@ -312,6 +357,10 @@ def main() -> None:
         probes.append(lambda l, G_in, K, A, O, G_out: found.append(structure(K, A, scale, rng, max(4, int(T) // 32))))
     if args.forced:
         probe, steps = forced(spec)
+        probes.append(probe)
+    pulls = []
+    if args.pull:
+        probe, pulls = pull(spec, args.pull, args.seed)
         probes.append(probe)
     scale = spec["init"]["qk_beta"] * math.sqrt(math.log(int(T)))
     rho, ipr = chain(spec, q0, p0, args.draws, rng, batch=args.batch, width=args.width, finite=finite,
@@ -353,6 +402,13 @@ def main() -> None:
         for i, row in enumerate(mean, start=1):
             err = [f" ({se[i - 1][k]:.5f})" if se is not None else "" for k in range(3)]
             print(f"{i:5d}   {row[0]:+.5f}{err[0]}   {row[1]:+.5f}{err[1]}   {row[2]:+.5f}{err[2]}")
+    if pulls:
+        per = [np.concatenate(pulls[i::args.layers]) for i in range(args.layers)]
+        print(f"\neach block's own pull on rho at width {args.pull} (its values and MLP drawn there against infinite "
+              "width, from the chain's state entering it; common scores, antithetic weights): mean over draws (se)")
+        for i, x in enumerate(per, start=1):
+            se = f" ({x.std(ddof=1) / math.sqrt(len(x)):.5f})" if len(x) > 1 else ""
+            print(f"{i:5d}   {x.mean():+.5f}{se}")
     if net:
         (n_rho, n_srho), (n_ipr, n_sipr) = net["rho"], net["ipr"]
         print(f"chain - network (the width):       rho {_gap(c_rho, n_rho, np.hypot(s_rho, n_srho), False)}, "
