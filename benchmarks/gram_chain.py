@@ -351,18 +351,16 @@ def main() -> None:
             ap.error(f"--report {args.report}: {len(layers) - 1} layers, the cell has {args.layers}")
     e_rho, e_ipr, q0, p0 = _engine(spec)
     rng = np.random.default_rng(args.seed)
-    found, steps = [], []
-    probes = []
+    scale = _constants(spec)["scale"]
+    found, steps, pulls, probes = [], [], [], []
     if args.structure:
         probes.append(lambda l, G_in, K, A, O, G_out: found.append(structure(K, A, scale, rng, max(4, int(T) // 32))))
     if args.forced:
         probe, steps = forced(spec)
         probes.append(probe)
-    pulls = []
     if args.pull:
         probe, pulls = pull(spec, args.pull, args.seed)
         probes.append(probe)
-    scale = spec["init"]["qk_beta"] * math.sqrt(math.log(int(T)))
     rho, ipr = chain(spec, q0, p0, args.draws, rng, batch=args.batch, width=args.width, finite=finite,
                      probe=(lambda *a: [p(*a) for p in probes]) if probes else None)
     c_rho, c_ipr = rho.mean(axis=0), np.concatenate([[np.nan], ipr.mean(axis=0)])
