@@ -379,9 +379,10 @@ def main() -> None:
         print(line)
     print(f"engine - chain (the draw's keys):  rho {_gap(e_rho, c_rho, s_rho, False)}, "
           f"IPR {_gap(e_ipr, c_ipr, s_ipr, True)}")
+    per_batch = min(args.batch, args.draws)
     if found:
         found = np.mean(np.reshape(found, (-1, args.layers, 7)), axis=0)
-        print(f"\nthe keys' structure (the mean over batches of {args.batch} draws): the late pairs' output overlap "
+        print(f"\nthe keys' structure (the mean over batches of {per_batch} draws): the late pairs' output overlap "
               "as drawn, with exchangeable keys, and its excess over them at the keys' positional means and within a "
               f"position; the last {max(4, int(T) // 32)} rows' IPR as drawn, at i.i.d. scores of each row's spread "
               "and at the positional covariance; the positional structure's top direction's share")
@@ -394,7 +395,7 @@ def main() -> None:
         mean = steps.mean(axis=0)
         se = steps.std(axis=0, ddof=1) / math.sqrt(len(steps)) if len(steps) > 1 else None
         print("\nteacher-forced (the engine's block on each batch's mean state against the chain's next layer; the "
-              f"engine less the chain, mean over batches of {args.batch} draws (se)): the block's rho, its attention "
+              f"engine less the chain, mean over batches of {per_batch} draws (se)): the block's rho, its attention "
               "output's mean pair overlap and mean q")
         print("index   block rho            attention: pair overlap      q")
         for i, row in enumerate(mean, start=1):
