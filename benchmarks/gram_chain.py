@@ -17,7 +17,7 @@ pair over the layers. Token repeats (vocab 50000) are left out. Asserts nothing.
 `--structure` prints per layer what the keys' structure does to the attention (`structure`, at infinite width),
 `--forced` each block of the engine teacher-forced on the chain's mean state (`forced`, causal cells; with `--width`,
 against the chain's next layer at that width), `--pull D` each block's own pull on rho at width D (`pull`, from the
-infinite-width chain's states).
+infinite-width chain's states) beside its prediction from the norms' cosine bias (`pull_predicted`).
 
 `--width d` draws the `--finite` parts at width d instead (d >= T), which locates the width's effect: fresh Gaussian
 weights are blind to the frame, so with the stream taken as sqrt(d) [L | 0] (its Gram L L^T, in its first T
@@ -212,21 +212,55 @@ def _rho(G: np.ndarray) -> np.ndarray:
     return (np.einsum("bij->b", G) - np.einsum("bii->b", G)) / (T - 1.0) / np.einsum("bii->b", G)
 
 
+def pull_predicted(G: np.ndarray, A: np.ndarray, c: dict, width: int) -> np.ndarray:
+    """Each draw's block pull on rho at width `width` (as `pull` measures it) from its norms' cosine bias
+    (core/walk.py's cosine_bias) at the mean state, carried through the rest of the block by its slope, and its
+    common part: (B, 2). Post-LN: both norms', the first through the MLP's kernel slope and the second norm.
+    Pre-LN: the bias of each sum's ratio of means over the T tokens (the MLP's input norm, through the kernel's slope
+    of about g2 g1 / 4, is left out). The MLP's curvature and its d_ff units' own noise are left out too (at d 64
+    under 2% of the pull)."""
+    from initadvisor.core.kernels import relu_backward, relu_forward
+    from initadvisor.core.walk import cosine_bias
+
+    T = G.shape[1]
+
+    def mean_pair(X):
+        q = np.einsum("bii->b", X) / T
+        return q, (X.sum(axis=(1, 2)) - T * q) / (T * (T - 1.0))
+
+    K = _cosines(G)
+    qs, ps = mean_pair(G)
+    q, p = mean_pair(G + c["gv"] * (A @ K @ A.transpose(0, 2, 1)))
+    b = np.stack(cosine_bias(qs, ps, q, p), axis=1) / width
+    cos = p / q
+    s2 = c["g1"] + c["b1"]  # the MLP's pre-activations' (q, p) on unit-norm tokens
+    kernel = relu_forward(s2, c["g1"] * cos + c["b1"])[1]
+    slope = c["g2"] * c["g1"] * relu_backward(s2, c["g1"] * cos + c["b1"])[1]  # the kernel's slope in the cosine
+    if c["pre"]:  # no norm on the stream: a draw's rho is its ratio of means
+        attn = cosine_bias(qs, ps, q, p, T)
+        mlp = cosine_bias(q, p, q + c["g2"] * s2 / 2.0 + c["b2"], p + c["g2"] * kernel + c["b2"], T)
+        return (np.stack(attn, axis=1) + np.stack(mlp, axis=1)) / width
+    q2 = 1.0 + c["g2"] * s2 / 2.0 + c["b2"]
+    b2 = np.stack(cosine_bias(1.0, cos, q2, cos + c["g2"] * kernel + c["b2"]), axis=1) / width
+    return ((1.0 + slope) / q2)[:, None] * b + b2
+
+
 def pull(spec: dict, width: int, seed: int = 0):
     """A probe for `chain` (at infinite width) and its results: per batch and layer, each draw's rho change when the
     block's values and MLP are drawn at `width` instead of infinite width, from the chain's own state entering it,
     with common score matrices and an antithetic pair of weight draws (whose first-order terms cancel, leaving the
-    width's mean pull on rho, which the stack then amplifies)."""
+    width's mean pull on rho, which the stack then amplifies), beside its prediction and that prediction's common
+    part (pull_predicted): (B, 3) each."""
     c, out = _constants(spec), []
     finite = {"embeddings": 0, "scores": 0, "values": width, "mlp": width}
     none = dict.fromkeys(PARTS, 0)
 
-    def probe(layer, G_in, K, A, O, G_out):
+    def probe(layer, G_in, *_):
         key = [seed, layer, len(out)]
         runs = [_rho(_block(G_in, c, np.random.default_rng(key), np.random.default_rng(key + [1]), finite, sign)[0])
                 for sign in (1.0, -1.0)]
-        plain = _rho(_block(G_in, c, np.random.default_rng(key), None, none)[0])
-        out.append(0.5 * (runs[0] + runs[1]) - plain)
+        G, _, A, _, _ = _block(G_in, c, np.random.default_rng(key), None, none)
+        out.append(np.column_stack([0.5 * (runs[0] + runs[1]) - _rho(G), pull_predicted(G_in, A, c, width)]))
 
     return probe, out
 
@@ -404,10 +438,12 @@ def main() -> None:
     if pulls:
         per = [np.concatenate(pulls[i::args.layers]) for i in range(args.layers)]
         print(f"\neach block's own pull on rho at width {args.pull} (its values and MLP drawn there against infinite "
-              "width, from the chain's state entering it; common scores, antithetic weights): mean over draws (se)")
+              "width, from the chain's state entering it; common scores, antithetic weights): mean over draws (se), "
+              "predicted by the norms' cosine bias (pull_predicted) and that prediction's common part")
+        print("index   measured (se)        predicted  common")
         for i, x in enumerate(per, start=1):
-            se = f" ({x.std(ddof=1) / math.sqrt(len(x)):.5f})" if len(x) > 1 else ""
-            print(f"{i:5d}   {x.mean():+.5f}{se}")
+            se = f" ({x[:, 0].std(ddof=1) / math.sqrt(len(x)):.5f})" if len(x) > 1 else ""
+            print(f"{i:5d}   {x[:, 0].mean():+.5f}{se}   {x[:, 1].mean():+.6f}  {x[:, 2].mean():+.6f}")
     if net:
         (n_rho, n_srho), (n_ipr, n_sipr) = net["rho"], net["ipr"]
         print(f"chain - network (the width):       rho {_gap(c_rho, n_rho, np.hypot(s_rho, n_srho), False)}, "

@@ -19,12 +19,13 @@ import pytest
 
 from initadvisor.core import walk
 from initadvisor.core.model import propagate
-from initadvisor.core.ops import Attention, Residual, find, moments_backward, moments_forward
+from initadvisor.core.ops import Attention, Norm, Residual, find, moments_backward, moments_forward
 from initadvisor.simulate import run_one
 from initadvisor.spec import build_spec
 from initadvisor.stack import from_spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from gram_chain import _engine, chain, pull  # noqa: E402
 from phase_fidelity import spec_for  # noqa: E402
 
 
@@ -118,11 +119,16 @@ def test_propagate_carries_the_factor(monkeypatch):
 
 
 def _walk_sample(ops, q, p, d, rng):
-    """One block on a sample of sequences' (q, p), each residual sum's common part moved by its own N(0, var / d)."""
-    for op in ops:
+    """One block on a sample of sequences' (q, p), each residual sum's common part moved by its own N(0, var / d)
+    (and, where a norm follows, its pairs' own cosine bias added: deterministic, tested against the chain below)."""
+    for k, op in enumerate(ops):
         q_in, p_in = q, p
         q, p, _ = op.moments(q, p)
         if isinstance(op, Residual):
+            if k + 1 < len(ops) and isinstance(ops[k + 1], Norm):
+                s2 = float(op.skip) ** 2
+                own, common = walk.cosine_bias(s2 * q_in, s2 * p_in, q, p)
+                p = p + q * (own - common) / d
             e = rng.standard_normal(np.shape(p)) * np.sqrt(np.maximum(walk.residual_variance(op, q_in, p_in, p), 0) / d)
             q, p = q + e, np.minimum(p + e, q + e)
     return q, p
@@ -132,10 +138,11 @@ def _walk_sample(ops, q, p, d, rng):
 def test_mean_shift_is_the_walk_sampled(ratio, T):
     """The walk's mean shift (mean_shift: second order, three-point Gauss-Hermite) against the walk itself, sampled:
     40000 sequences' rho carried through the engine's block maps (post-LN, d 128, 24 layers), each residual sum's
-    common part moved by its own Gaussian draw. The shift of rho reaches 0.012-0.017 at the last layers, the IPR's
-    0.006 (beta_c, T 512); the sampled means are within 0.001 of the engine's (measured at rng seeds 0-2; their
-    standard error 0.0003-0.0005). Without the shift every sampled mean past layer 18 is off by more than the
-    tolerance: dropping the walk's Gauss-Hermite term, or the sums' own moves, or the slope's carrying of B, fails."""
+    common part moved by its own Gaussian draw (and the pairs' own cosine bias added). The shift of rho reaches
+    0.015-0.024 at the last layers, the IPR's 0.008 (beta_c, T 512); the sampled means are within 0.0013 of the
+    engine's (measured at rng seeds 0-2; their standard error 0.0003-0.0005). Without the shift every sampled mean
+    past layer 18 is off by more than the tolerance: dropping the walk's Gauss-Hermite term, or the sums' own moves,
+    or the slope's carrying of B, fails."""
     d, L, n = 128, 24, 40000
     net = from_spec(build_spec(spec_for("post", ratio, T, False, L, d)))
     t = propagate(net, backward=False, means=True)
@@ -149,6 +156,25 @@ def test_mean_shift_is_the_walk_sampled(ratio, T):
     for x, engine in ((rho, t.rho), (y2, t.y2)):
         mean, se = np.array([v.mean() for v in x]), np.array([v.std() for v in x]) / np.sqrt(n)
         assert np.all(np.abs(mean - engine) <= 0.0006 + 3 * se), mean - engine
+
+
+@pytest.mark.parametrize("ratio", [0.5, 2.5])
+def test_first_block_shift_is_the_chains_width_pull(ratio):
+    """The engine's mean shift over the first block at width d (no walk yet: the sums' own moves and the pairs' own
+    cosine bias at the norms) against the block's pull measured on the chain (benchmarks/gram_chain.py `pull`: its
+    values and MLP drawn at d against infinite width, common scores, antithetic weights): post-LN bidirectional,
+    T 16, d 64, 4096 draws. Within 4 standard errors (measured over rng seeds 0-2: 0.3-1.2, the engine -4.5% to +21%
+    of the pull, -0.0005 to -0.0008); the sums' common moves alone are a tenth of it, and halving the pair's cross
+    covariance in cosine_bias fails both."""
+    d = 64
+    spec = spec_for("post", ratio, 16, False, 1, d)
+    net = from_spec(build_spec(spec))
+    shift = propagate(net, backward=False, means=True).rho[1] - propagate(net, backward=False).rho[1]
+    _, _, q0, p0 = _engine(spec)
+    probe, pulls = pull(spec, d, 0)
+    chain(spec, q0, p0, 4096, np.random.default_rng(0), batch=512, probe=probe)
+    measured = np.concatenate(pulls)[:, 0]
+    assert abs(shift - measured.mean()) < 4.0 * measured.std(ddof=1) / np.sqrt(len(measured)), (shift, measured.mean())
 
 
 def test_check_and_verify_report_the_means():

@@ -10,15 +10,17 @@ over sequences is the mean field's times exp(var / 2) of the sum of those moves 
 where the gains fall steeply with rho, the mean field alone is 0.75-0.95 of the measured mean at d 720:
 benchmarks/gradient_tails.py). The block maps are not linear in rho either, so the walk also moves the mean of rho
 and of the attention's IPR over sequences, by the maps' curvature times the walk's variance (mean_shift): in post-LN
-0.003-0.005 in rho past the crossover at d 720, where the network's rho sits 0.01-0.013 below the mean field's. The
-pair engine only: the position-resolved engine (causal rows) carries neither.
+0.003-0.005 in rho past the crossover at d 720, where the network's rho sits 0.01-0.013 below the mean field's. A
+norm after a residual sum adds each pair's own bias of its cosine at width d (cosine_bias: the delta method on the
+sum's Wishart covariances, less the common part that the walk's moves carry; about 0.001 in rho at d 720). The
+pair engine only: the position-resolved engine (causal rows) carries none of these.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from initadvisor.core.ops import Attention, Residual, find, moments_backward, moments_forward
+from initadvisor.core.ops import Attention, Norm, Residual, find, moments_backward, moments_forward
 
 _H = 1e-3  # the step in rho of the finite differences
 _CHUNK = 1024  # layers per stacked pass (x 10 states: a causal column's per-row temporaries stay within tens of MB)
@@ -45,6 +47,21 @@ def residual_variance(op: Residual, q_in, p_in, p):
     return var
 
 
+def cosine_bias(qs, ps, q, p, T: int = 0) -> tuple:
+    """d times the mean bias at width d, to first order in 1 / d (the delta method), of the cosine that a norm gives
+    two tokens after a residual sum (T = 0) or of a ratio of means over T tokens (T > 0), and its common part: the
+    sum's (q, p) over its skip's (qs, ps), fresh Gaussian last weights giving the Gram entries the covariances
+    W(sum) - W(skip), W(M)_ab,cd = M_ac M_bd + M_ad M_bc; the common part is two tokens' norms' covariance, shared by
+    every entry (the sequence's common direction, which the walk's moves carry: residual_variance is that
+    covariance)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        c = p / q
+        v_aa, v_ab, c_ha = 2.0 * (q * q - qs * qs), 2.0 * (p * p - ps * ps), 2.0 * (q * p - qs * ps)
+        own = 0.75 * c * v_aa + 0.25 * c * v_ab - c_ha if not T else \
+            (c * (v_aa + (T - 1.0) * v_ab) - 2.0 * c_ha - (T - 2.0) * v_ab) / T
+        return own / (q * q), -(1.0 - c) * v_ab / (q * q)
+
+
 def _chunks(blocks):
     """Layers that share their operations, up to _CHUNK at a time: one stacked pass each."""
     groups: dict[int, list[int]] = {}
@@ -60,14 +77,17 @@ def _stacked(idx, *xs):
     return [np.stack(both[k * n:(k + 1) * n]) for k in range(len(xs))]
 
 
-def _run(ops, q0, p0, shifts, move):
+def _run(ops, q0, p0, shifts, move, width=None):
     """One stacked pass of a block: its input (q0, p0) at rho + each of `shifts` (states on a new leading axis,
     each a scalar or per layer), then per residual sum two copies of the unshifted state whose common part the sum's
-    output moves by + and - move(q, var) (p and q alike; var: d times the sum's own variance, residual_variance).
+    output moves by + and - move(q, var) (p and q alike; var: d times the sum's own variance, residual_variance),
+    and with `width` per sum that a norm follows one copy whose cosine there moves by the pair's own bias at that
+    width (cosine_bias less its common part, which the moves carry).
     Returns the output rho per state, the caches and per sum (its first state, its move, var)."""
     sums = [k for k, op in enumerate(ops) if isinstance(op, Residual)]
+    normed = [] if width is None else [k for k in sums if k + 1 < len(ops) and isinstance(ops[k + 1], Norm)]
     h = np.stack([np.broadcast_to(x, np.shape(p0)) for x in shifts])
-    z = np.zeros((2 * len(sums),) + np.shape(p0))
+    z = np.zeros((2 * len(sums) + len(normed),) + np.shape(p0))
     qo = np.concatenate([np.broadcast_to(q0, h.shape), z + q0])
     po = np.concatenate([p0 + h * q0, z + p0])
     caches, var = [], []
@@ -75,6 +95,12 @@ def _run(ops, q0, p0, shifts, move):
         q_in, p_in = qo[0], po[0]
         qo, po, c = op.moments(qo, po)
         caches.append(c)
+        if k in normed:
+            skip = np.asarray(op.skip, dtype=float) ** 2
+            own, common = cosine_bias(skip * q_in, skip * p_in, qo[0], po[0])
+            j = len(shifts) + 2 * len(sums) + normed.index(k)
+            po = po.copy()
+            po[j] += np.nan_to_num(qo[0] * (own - common) / width)
         if k in sums:
             v = residual_variance(op, q_in, p_in, po[0])
             j, m = len(shifts) + 2 * len(var), move(qo[0], v)
@@ -137,8 +163,10 @@ def mean_shift(blocks, widths, qs, ps, resp: dict, V: list) -> tuple[np.ndarray,
     """(B per index, the IPR's shift per layer; arrays over the layers): the mean over sequences of rho and of the
     attention's IPR at width d, to second order in the walk. A block's map f of its input's rho is not linear, so the
     walk moves the mean by E f(rho + d) - f(rho) (the curvature of f times V_l / 2; three-point Gauss-Hermite at the
-    walk's spread, held within rho in [-1, 1]), and each residual sum's own move e by E f(e) - f(0) alike;
-    B_(l+1) = a_l B_l + both. The IPR at block l: its slope times B_l plus its own such term (0 without attention).
+    walk's spread, held within rho in [-1, 1]), and each residual sum's own move e by E f(e) - f(0) alike; where a
+    norm follows a sum, the pair's own part of its cosine's bias (cosine_bias) moves it too, through the rest of the
+    block; B_(l+1) = a_l B_l + those. The IPR at block l: its slope times B_l plus its own such term (0 without
+    attention).
     Where a map leaves the range (nan or inf) no shift is taken there."""
     L = len(blocks)
     J, Jy = [None] * L, [np.nan] * L
@@ -150,8 +178,9 @@ def mean_shift(blocks, widths, qs, ps, resp: dict, V: list) -> tuple[np.ndarray,
             s = np.nan_to_num(np.minimum(_GH * np.sqrt(np.maximum(v0, 0.0)), np.minimum(1.0 - r0, 1.0 + r0)))
         d = np.asarray([widths[l] for l in idx], dtype=float).reshape((-1,) + (1,) * (np.ndim(q0) - 1))
         r, caches, var = _run(ops, q0, p0, (0.0, s, -s),
-                              lambda q, v: np.minimum(_GH * np.sqrt(np.maximum(v, 0.0) / d), 0.5 * q))
+                              lambda q, v: np.minimum(_GH * np.sqrt(np.maximum(v, 0.0) / d), 0.5 * q), d)
         jensen = (r[1] + r[2]) / 6.0 - r[0] / 3.0 + sum((r[j] + r[j + 1]) / 6.0 - r[0] / 3.0 for j, _, _ in var)
+        jensen = jensen + sum(r[j] - r[0] for j in range(3 + 2 * len(var), len(r)))  # the pairs' own biases
         y = _y2(ops, caches, r.shape)
         jy = None if y is None else (y[1] + y[2]) / 6.0 - y[0] / 3.0
         for i, l in enumerate(idx):
