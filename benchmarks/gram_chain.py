@@ -2,7 +2,7 @@
 
 Usage: OPENBLAS_NUM_THREADS=1 python benchmarks/gram_chain.py post:1.5:512:causal [--draws 32] [--seed 0]
        [--report DIR/post-1.5-512-causal.json] [--width 720 [--finite embeddings,scores,values,mlp]]
-       [--structure] [--forced] [--pull 720] [--batch 16]
+       [--structure] [--forced] [--pull 720] [--split 720] [--batch 16]
 
 At infinite width the stream of phase_fidelity.py's encoder is its T x T Gram matrix G (x_s . x_s' / d), and a block
 maps it exactly, given one random matrix per layer: the scores S = beta sqrt(ln T) L Z L^T (L L^T the attention
@@ -17,7 +17,8 @@ pair over the layers. Token repeats (vocab 50000) are left out. Asserts nothing.
 `--structure` prints per layer what the keys' structure does to the attention (`structure`, at infinite width),
 `--forced` each block of the engine teacher-forced on the chain's mean state (`forced`, causal cells; with `--width`,
 against the chain's next layer at that width), `--pull D` each block's own pull on rho at width D (`pull`, from the
-infinite-width chain's states) beside its prediction from the norms' cosine bias (`pull_predicted`).
+infinite-width chain's states) beside its prediction from the norms' cosine bias (`pull_predicted`), `--split D`
+where the width's pull on rho comes from, in chains run in lockstep with the infinite-width one (`split`).
 
 `--width d` draws the `--finite` parts at width d instead (d >= T), which locates the width's effect: fresh Gaussian
 weights are blind to the frame, so with the stream taken as sqrt(d) [L | 0] (its Gram L L^T, in its first T
@@ -62,15 +63,17 @@ def _factor(G: np.ndarray) -> np.ndarray:
     return v * np.sqrt(np.maximum(w, 0.0))[:, None, :]
 
 
-def _rows(Lc: np.ndarray, scale: float, mask: np.ndarray, rng, d: int) -> tuple[np.ndarray, np.ndarray]:
+def _rows(Lc: np.ndarray, scale: float, mask: np.ndarray, rng, d: int, Lk: np.ndarray | None = None
+          ) -> tuple[np.ndarray, np.ndarray]:
     """One draw of the attention rows on the cosines Lc Lc^T and each draw's mean IPR: the scores c Lc Z Lc^T, Z i.i.d.
-    N(0, 1) at infinite width, Zq Zk^T / sqrt(d) (Zq, Zk: T x d, i.i.d. N(0, 1): the queries and keys) at width d."""
+    N(0, 1) at infinite width, Zq Zk^T / sqrt(d) (Zq, Zk: T x d, i.i.d. N(0, 1): the queries and keys) at width d;
+    Lk, if given, is the keys' factor in place of Lc's."""
     B, T = Lc.shape[:2]
     if d:
         Z = rng.standard_normal((B, T, d)) @ rng.standard_normal((B, T, d)).transpose(0, 2, 1) / math.sqrt(d)
     else:
         Z = rng.standard_normal((B, T, T))
-    S = np.where(mask, scale * (Lc @ Z @ Lc.transpose(0, 2, 1)), -np.inf)
+    S = np.where(mask, scale * (Lc @ Z @ (Lc if Lk is None else Lk).transpose(0, 2, 1)), -np.inf)
     A = np.exp(S - S.max(axis=-1, keepdims=True))
     A /= A.sum(axis=-1, keepdims=True)
     return A, (A * A).sum(axis=-1).mean(axis=-1)
@@ -175,32 +178,52 @@ def _constants(spec: dict) -> dict:
             "mask": np.tril(np.ones((T, T), bool)) if m["causal"] else np.ones((T, T), bool)}
 
 
-def _block(G: np.ndarray, c: dict, scores, weights, d: dict, sign: float = 1.0) -> tuple:
+def _block(G: np.ndarray, c: dict, scores, weights, d: dict, sign: float = 1.0, own: bool = False,
+           shadow: np.ndarray | None = None, keys: bool = False) -> tuple:
     """One block of the chain on a batch's Gram G: (the Gram leaving it, the attention's input cosines K, rows A and
     output's Gram O, the rows' IPR). d: the width of each part (0: infinite); scores and weights: the generators of
-    the score matrices and of the finite parts' weights; sign flips those weights (an antithetic pair of draws)."""
+    the score matrices and of the finite parts' weights; sign flips those weights (an antithetic pair of draws).
+    own: each finite sum keeps its fluctuation less its common part (the mean off-diagonal move, on every entry).
+    shadow: the rows read this Gram instead of G (a noiseless run's), or with `keys` its queries only (the keys' Gram
+    G's, its factor rotated onto the shadow's: S = c L_q Z L_k^T)."""
     B, T, width = G.shape[0], c["T"], max(d.values())
+    off = ~np.eye(T, dtype=bool)
     for branch in ("values", "mlp"):
         Lx = _factor(G)
         Lc = Lx / np.sqrt(np.einsum("bii->bi", G))[:, :, None]  # the branch reads the normed stream
+        C = Lc @ Lc.transpose(0, 2, 1)
         if branch == "values":
-            A, y2 = _rows(Lc, c["scale"], c["mask"], scores, d["scores"])
-            K = Lc @ Lc.transpose(0, 2, 1)
+            K = C
+            if shadow is None:
+                A, y2 = _rows(Lc, c["scale"], c["mask"], scores, d["scores"])
+            else:
+                Ls = _factor(shadow)
+                Ls = Ls / np.sqrt(np.einsum("bii->bi", shadow))[:, :, None]
+                if keys:
+                    U, _, Vt = np.linalg.svd(Lc.transpose(0, 2, 1) @ Ls)
+                    A, y2 = _rows(Ls, c["scale"], c["mask"], scores, d["scores"], Lc @ (U @ Vt))
+                else:
+                    A, y2 = _rows(Ls, c["scale"], c["mask"], scores, d["scores"])
+            plain = G + c["gv"] * (A @ K @ A.transpose(0, 2, 1))
             if d["values"]:
                 Y = sign * math.sqrt(c["gv"]) * (A @ Lc @ weights.standard_normal((B, T, width)))
                 O = Y @ Y.transpose(0, 2, 1) / width
                 G = _plus(G, Lx, Y)
             else:
                 O = c["gv"] * (A @ K @ A.transpose(0, 2, 1))
-                G = G + O
-        elif d["mlp"]:
-            f = c["f"]
-            H = math.sqrt(c["g1"]) * (Lc @ weights.standard_normal((B, T, f)))
-            H += math.sqrt(c["b1"]) * weights.standard_normal((B, 1, f))
-            Y = np.maximum(H, 0.0) @ weights.standard_normal((B, f, width)) * math.sqrt(c["g2"] / f)
-            G = _plus(G, Lx, sign * (Y + math.sqrt(c["b2"]) * weights.standard_normal((B, 1, width))))
+                G = plain
         else:
-            G = G + c["g2"] * _relu_kernel(c["g1"] * (Lc @ Lc.transpose(0, 2, 1)) + c["b1"]) + c["b2"]
+            plain = G + c["g2"] * _relu_kernel(c["g1"] * C + c["b1"]) + c["b2"]
+            if d["mlp"]:
+                f = c["f"]
+                H = math.sqrt(c["g1"]) * (Lc @ weights.standard_normal((B, T, f)))
+                H += math.sqrt(c["b1"]) * weights.standard_normal((B, 1, f))
+                Y = np.maximum(H, 0.0) @ weights.standard_normal((B, f, width)) * math.sqrt(c["g2"] / f)
+                G = _plus(G, Lx, sign * (Y + math.sqrt(c["b2"]) * weights.standard_normal((B, 1, width))))
+            else:
+                G = plain
+        if own:
+            G = G - (G - plain)[:, off].mean(axis=1)[:, None, None]
         if not c["pre"]:
             G = _cosines(G)
     return G, K, A, O, y2
@@ -263,6 +286,39 @@ def pull(spec: dict, width: int, seed: int = 0):
         out.append(np.column_stack([0.5 * (runs[0] + runs[1]) - _rho(G), pull_predicted(G_in, A, c, width)]))
 
     return probe, out
+
+
+SPLIT = ("whole", "own", "own, rows blind", "own, keys only")
+
+
+def split(spec: dict, width: int, draws: int, seed: int = 0, batch: int = 16) -> dict:
+    """Where the width's pull on rho comes from, as chains run in lockstep with the infinite-width one (common score
+    draws, common weights): the values and MLP at `width` ("whole"); each sum's fluctuation less its common part
+    ("own"); that, with the rows reading the noiseless run's state ("own, rows blind"); and with only the keys' Gram
+    realized in the scores, the queries' the noiseless run's ("own, keys only"). Returns each mode's rho less the
+    infinite chain's, (draws, L + 1)."""
+    T, L = spec["sequence"]["length"], spec["model"]["layers"]
+    c, q0, p0 = _constants(spec), *_engine(spec)[2:]
+    d = {"embeddings": 0, "scores": 0, "values": width, "mlp": width}
+    none = dict.fromkeys(PARTS, 0)
+    out = {m: [] for m in SPLIT}
+    for start in range(0, draws, batch):
+        B = min(batch, draws - start)
+        G0 = np.broadcast_to(p0 + (q0 - p0) * np.eye(T), (B, T, T)).copy()
+        plain, runs = G0, dict.fromkeys(SPLIT, G0)
+        rho = {m: [np.zeros(B)] for m in SPLIT}
+        for layer in range(L):
+            key = [seed, start, layer]
+            for m in SPLIT:
+                runs[m] = _block(runs[m], c, np.random.default_rng(key), np.random.default_rng(key + [1]), d,
+                                 own=m != "whole", shadow=plain if "only" in m or "blind" in m else None,
+                                 keys="keys" in m)[0]
+            plain = _block(plain, c, np.random.default_rng(key), None, none)[0]
+            for m in SPLIT:
+                rho[m].append(_rho(runs[m]) - _rho(plain))
+        for m in SPLIT:
+            out[m].append(np.stack(rho[m], axis=1))
+    return {m: np.concatenate(v) for m, v in out.items()}
 
 
 def chain(spec: dict, q0: float, p0: float, draws: int, rng, batch: int = 16, width: int = 0,
@@ -345,6 +401,8 @@ def main() -> None:
                     help="also what the keys' structure does per layer (infinite width; `structure`)")
     ap.add_argument("--pull", type=int, default=0,
                     help="also each block's own pull on rho at this width (values, MLP; infinite-width chain; `pull`)")
+    ap.add_argument("--split", type=int, default=0,
+                    help="also where the width's pull comes from at this width (values, MLP; `split`)")
     ap.add_argument("--forced", action="store_true",
                     help="also each block teacher-forced on the chain's mean state (causal, infinite width; `forced`)")
     args = ap.parse_args()
@@ -361,10 +419,10 @@ def main() -> None:
     finite = tuple(p for p in args.finite.split(",") if p)
     if args.width and not int(T) <= args.width <= 65536 or any(p not in PARTS for p in finite):
         ap.error(f"--width must be 0 or in [T, 65536] and --finite of {', '.join(PARTS)}")
-    if (args.structure or args.pull) and args.width:
-        ap.error("--structure and --pull run on the infinite-width chain: leave out --width")
-    if args.pull and not int(T) <= args.pull <= 65536:
-        ap.error("--pull must be in [T, 65536]")
+    if (args.structure or args.pull or args.split) and args.width:
+        ap.error("--structure, --pull and --split run beside the infinite-width chain: leave out --width")
+    if args.pull and not int(T) <= args.pull <= 65536 or args.split and not int(T) <= args.split <= 65536:
+        ap.error("--pull and --split must be in [T, 65536]")
     if args.forced and kind != "causal":
         ap.error("--forced runs the position-resolved engine: a causal cell")
     spec = spec_for(norm, float(ratio), int(T), kind == "causal", args.layers, 720)
@@ -444,6 +502,16 @@ def main() -> None:
         for i, x in enumerate(per, start=1):
             se = f" ({x[:, 0].std(ddof=1) / math.sqrt(len(x)):.5f})" if len(x) > 1 else ""
             print(f"{i:5d}   {x[:, 0].mean():+.5f}{se}   {x[:, 1].mean():+.6f}  {x[:, 2].mean():+.6f}")
+    if args.split:
+        moves = split(spec, args.split, args.draws, args.seed, args.batch)
+        print(f"\nwhere the width's pull comes from at width {args.split} (values and MLP; chains in lockstep with the "
+              "infinite-width one, common scores and weights): rho less the infinite chain's, mean over draws (se); "
+              "the sums' whole fluctuation, their own (less the common part), that with the rows reading the "
+              "noiseless run's state, and with only the keys' Gram realized in the scores")
+        print("index   " + "".join(f"{m:22s}" for m in SPLIT))
+        for i in range(1, args.layers + 1):
+            se = [f" ({_se(x[:, i].std(ddof=1) / math.sqrt(len(x)))})" if len(x) > 1 else "" for x in moves.values()]
+            print(f"{i:5d}   " + "".join(f"{x[:, i].mean():+.5f}{e}".ljust(22) for x, e in zip(moves.values(), se)))
     if net:
         (n_rho, n_srho), (n_ipr, n_sipr) = net["rho"], net["ipr"]
         print(f"chain - network (the width):       rho {_gap(c_rho, n_rho, np.hypot(s_rho, n_srho), False)}, "
