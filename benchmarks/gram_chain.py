@@ -204,16 +204,16 @@ def _block(G: np.ndarray, c: dict, scores, weights, d: dict, sign: float = 1.0, 
                     A, y2 = _rows(Ls, c["scale"], c["mask"], scores, d["scores"], Lc @ (U @ Vt))
                 else:
                     A, y2 = _rows(Ls, c["scale"], c["mask"], scores, d["scores"])
-            plain = G + c["gv"] * (A @ K @ A.transpose(0, 2, 1))
+            O = c["gv"] * (A @ K @ A.transpose(0, 2, 1)) if own or not d["values"] else None
+            plain = None if O is None else G + O
             if d["values"]:
                 Y = sign * math.sqrt(c["gv"]) * (A @ Lc @ weights.standard_normal((B, T, width)))
                 O = Y @ Y.transpose(0, 2, 1) / width
                 G = _plus(G, Lx, Y)
             else:
-                O = c["gv"] * (A @ K @ A.transpose(0, 2, 1))
                 G = plain
         else:
-            plain = G + c["g2"] * _relu_kernel(c["g1"] * C + c["b1"]) + c["b2"]
+            plain = G + c["g2"] * _relu_kernel(c["g1"] * C + c["b1"]) + c["b2"] if own or not d["mlp"] else None
             if d["mlp"]:
                 f = c["f"]
                 H = math.sqrt(c["g1"]) * (Lc @ weights.standard_normal((B, T, f)))
@@ -291,14 +291,14 @@ def pull(spec: dict, width: int, seed: int = 0):
 SPLIT = ("whole", "own", "own, rows blind", "own, keys only")
 
 
-def split(spec: dict, width: int, draws: int, seed: int = 0, batch: int = 16) -> dict:
+def split(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int = 0, batch: int = 16) -> dict:
     """Where the width's pull on rho comes from, as chains run in lockstep with the infinite-width one (common score
     draws, common weights): the values and MLP at `width` ("whole"); each sum's fluctuation less its common part
     ("own"); that, with the rows reading the noiseless run's state ("own, rows blind"); and with only the keys' Gram
     realized in the scores, the queries' the noiseless run's ("own, keys only"). Returns each mode's rho less the
-    infinite chain's, (draws, L + 1)."""
+    infinite chain's, (draws, L + 1), from the stream-0 moments (q0, p0)."""
     T, L = spec["sequence"]["length"], spec["model"]["layers"]
-    c, q0, p0 = _constants(spec), *_engine(spec)[2:]
+    c = _constants(spec)
     d = {"embeddings": 0, "scores": 0, "values": width, "mlp": width}
     none = dict.fromkeys(PARTS, 0)
     out = {m: [] for m in SPLIT}
@@ -503,7 +503,7 @@ def main() -> None:
             se = f" ({x[:, 0].std(ddof=1) / math.sqrt(len(x)):.5f})" if len(x) > 1 else ""
             print(f"{i:5d}   {x[:, 0].mean():+.5f}{se}   {x[:, 1].mean():+.6f}  {x[:, 2].mean():+.6f}")
     if args.split:
-        moves = split(spec, args.split, args.draws, args.seed, args.batch)
+        moves = split(spec, q0, p0, args.split, args.draws, args.seed, args.batch)
         print(f"\nwhere the width's pull comes from at width {args.split} (values and MLP; chains in lockstep with the "
               "infinite-width one, common scores and weights): rho less the infinite chain's, mean over draws (se); "
               "the sums' whole fluctuation, their own (less the common part), that with the rows reading the "
