@@ -81,8 +81,9 @@ def main() -> None:
         T, ratio, blocks = int(T), float(ratio), [int(b) for b in args.blocks.split(",")]
     except ValueError:
         ap.error("cell must be norm:ratio:T and --blocks comma-separated integers")
-    if norm not in ("pre", "post") or not blocks or min(blocks) < 1 or max(blocks) > args.layers or args.sequences < 2 or T < 64:
-        ap.error("norm must be pre or post, --blocks lie in 1..--layers, --sequences >= 2, T >= 64")
+    if (norm not in ("pre", "post") or not blocks or min(blocks) < 1 or max(blocks) > args.layers
+            or args.sequences < 2 or args.rows < 1 or T < 64):
+        ap.error("norm must be pre or post, --blocks lie in 1..--layers, --sequences >= 2, --rows >= 1, T >= 64")
     net = from_spec(build_spec(spec_for(norm, ratio, T, True, args.layers, args.d)))
     G = cz._grid(T, cz._SINGLE, cz._RATIO)
     edges = [e for e in BANDS if e < T] + [T]
