@@ -82,9 +82,13 @@ def main() -> None:
     except ValueError:
         ap.error("cell must be norm:ratio:T and --blocks comma-separated integers")
     if (norm not in ("pre", "post") or not blocks or min(blocks) < 1 or max(blocks) > args.layers
-            or args.sequences < 2 or args.rows < 1 or T < 64):
-        ap.error("norm must be pre or post, --blocks lie in 1..--layers, --sequences >= 2, --rows >= 1, T >= 64")
-    net = from_spec(build_spec(spec_for(norm, ratio, T, True, args.layers, args.d)))
+            or args.sequences < 2 or args.rows < 1 or not 64 <= T <= 4096):
+        ap.error("norm must be pre or post, --blocks lie in 1..--layers, --sequences >= 2, --rows >= 1, "
+                 "64 <= T <= 4096")
+    try:
+        net = from_spec(build_spec(spec_for(norm, ratio, T, True, args.layers, args.d)))
+    except ValueError as e:  # SpecError: a width, ratio or length the spec refuses
+        ap.error(str(e))
     G = cz._grid(T, cz._SINGLE, cz._RATIO)
     edges = [e for e in BANDS if e < T] + [T]
     late = np.linspace(T // 2, T - 1, args.rows).astype(int)

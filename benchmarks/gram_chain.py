@@ -137,23 +137,18 @@ def forced(spec: dict):
     from initadvisor.spec import build_spec
     from initadvisor.stack import from_spec
 
+    from attention_forced import group_state
+
     net = from_spec(build_spec(spec))
     T = spec["sequence"]["length"]
     grid = cz._grid(T, cz._SINGLE, cz._RATIO)
     off = ~np.eye(T, dtype=bool)
-    cells = (grid.gid[:, None], grid.gid[None, :])
-    pairs = np.zeros((len(grid.n),) * 2)
-    np.add.at(pairs, cells, off.astype(float))
+    pairs = np.where(np.eye(len(grid.n), dtype=bool), grid.pairs, np.multiply.outer(grid.n, grid.n))
     out = []
-
-    def state(X):  # the engine's state of a mean Gram: per-position q, group-pair mean overlaps
-        P = np.zeros_like(pairs)
-        np.add.at(P, cells, np.where(off, X, 0.0))
-        return cz.State(np.diag(X).copy(), np.where(pairs > 0, P / np.maximum(pairs, 1.0), 0.0))
 
     def probe(layer, G_in, K, A, Oc, G_out):
         ops = net.blocks[layer]
-        S = state(G_in.mean(axis=0))
+        S = group_state(grid, G_in.mean(axis=0))  # the engine's state of the batch's mean Gram
         branch = next(b for op in ops if isinstance(op, Residual) for _, b in op.branches
                       if any(isinstance(x, Attention) for x in b))
         Sa = S
