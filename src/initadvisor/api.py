@@ -247,11 +247,8 @@ def verify(source: Source, *, backend: str = "numpy", device: str = "cpu", seeds
     `progress(done, total)`: told each seed measured, then the theory (seeds + 1 steps)."""
     import time
 
-    from initadvisor.core.model import propagate
-    from initadvisor.diagnose import causal_trace
     from initadvisor.simulate import check_memory
-    from initadvisor.stack import from_spec
-    from initadvisor.verification import compare, pool_seeds
+    from initadvisor.verification import compare, pool_seeds, theory_of
 
     if backend not in ("numpy", "torch"):
         raise UsageError(f"must be numpy or torch, got {backend!r}", "--backend")
@@ -278,13 +275,9 @@ def verify(source: Source, *, backend: str = "numpy", device: str = "cpu", seeds
         for s in range(seeds):
             per_seed.append(simulate(spec, seeds=1, batch=batch, rng_seed=s, dtype=np.float32, weight_grads=False))
             tell(progress, s + 1, seeds + 1)
-    net = from_spec(spec)
-    ct = causal_trace(net, backward=True)  # causal models: compare with the position-resolved averages over all tokens
-    resolved = None if ct is None else {"rho": ct.rho_mean, "q": ct.q.mean(axis=1), "ipr": ct.y2.mean(axis=1)}
-    if ct is not None and ct.grad_q is not None:
-        resolved.update(grad_q=ct.grad_q, grad_p=ct.grad_p)
     # standard errors over seeds: the sequences of one initialisation share its weights (see pool_seeds)
-    data = compare(spec, propagate(net, means=True), pool_seeds(per_seed), tol=tol, rtol=rtol, theory=resolved)
+    trace, resolved = theory_of(spec)
+    data = compare(spec, trace, pool_seeds(per_seed), tol=tol, rtol=rtol, theory=resolved)
     tell(progress, seeds + 1, seeds + 1)
     data["measurement"] = {"backend": backend, "seeds": seeds, "batch": batch,
                            "seconds": round(time.perf_counter() - t0, 2)}

@@ -111,6 +111,21 @@ def pool_seeds(per_seed: list) -> dict:
     return out
 
 
+def theory_of(spec) -> tuple[Trace, dict | None]:
+    """What a measurement of `spec`'s network is compared with: the engine's trace and, for causal models, the
+    position-resolved averages over all tokens (`compare`'s `theory`)."""
+    from initadvisor.core.model import propagate
+    from initadvisor.diagnose import causal_trace
+    from initadvisor.stack import from_spec
+
+    net = from_spec(spec)
+    ct = causal_trace(net, backward=True)
+    resolved = None if ct is None else {"rho": ct.rho_mean, "q": ct.q.mean(axis=1), "ipr": ct.y2.mean(axis=1)}
+    if ct is not None and ct.grad_q is not None:
+        resolved.update(grad_q=ct.grad_q, grad_p=ct.grad_p)
+    return propagate(net, means=True), resolved
+
+
 def compare(spec, trace: Trace, m, tol: float = 0.05, rtol: float = 0.15, theory: dict | None = None) -> dict:
     """The `initadvisor.verify/1` report: per-layer theory, measurement, error, z, status and the verdict.
 
