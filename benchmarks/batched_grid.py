@@ -127,10 +127,13 @@ def parse_cells(text: str) -> list[tuple[str, float, int, bool]]:
         return list(itertools.product(("post", "pre"), RATIOS, (64, 512), (False, True)))
     cells = []
     for cell in text.split(","):
-        norm, ratio, T, kind = cell.split(":")
-        if norm not in ("post", "pre") or kind not in ("bi", "causal"):
-            raise ValueError(cell)
-        cells.append((norm, float(ratio), int(T), kind == "causal"))
+        try:
+            norm, ratio, T, kind = cell.split(":")
+            cells.append((norm, float(ratio), int(T), kind == "causal"))
+            if norm not in ("post", "pre") or kind not in ("bi", "causal") or not 2 <= int(T) <= 4096:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"cell {cell!r}: expected norm:ratio:T:bi|causal, norm post or pre, T in 2-4096") from None
     return cells
 
 
@@ -139,7 +142,7 @@ def key_of(norm: str, ratio: float, T: int, causal: bool) -> str:
 
 
 def main() -> int:
-    from initadvisor.spec import build_spec
+    from initadvisor.spec import SpecError, build_spec
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu")
@@ -160,16 +163,21 @@ def main() -> int:
         print(f"batched_grid: bad arguments: {e}", file=sys.stderr)
         return 2
     saved = {}
-    for f in args.load:
-        with np.load(f) as z:
-            for k in z.files:
-                saved.setdefault(k, []).append(z[k].astype(np.float64))
+    try:
+        for f in args.load:
+            with np.load(f) as z:
+                for k in z.files:
+                    saved.setdefault(k, []).append(z[k].astype(np.float64))
+        specs = {key_of(*c): build_spec(spec_for(*c, args.layers, args.d)) for c in cells}
+    except (OSError, ValueError, SpecError) as e:
+        print(f"batched_grid: {e}", file=sys.stderr)
+        return 2
     keep = {}
     print(f"{'cell':22s} {'seeds':>6s} | {'rho err':>8s} {'@':>3s} {'|z|':>5s} | {'IPR err':>8s} {'@':>3s} {'|z|':>5s} | "
           f"{'grad err':>8s} {'@':>3s} {'|z|':>5s} | seconds", flush=True)
     for norm, ratio, T, causal in cells:
         key = key_of(norm, ratio, T, causal)
-        spec = build_spec(spec_for(norm, ratio, T, causal, args.layers, args.d))
+        spec = specs[key]
         t0 = time.perf_counter()
         if args.load:
             if f"{key}/q" not in saved:
