@@ -99,12 +99,14 @@ def run_batch(B: int, spec, s: dict, gen, device) -> dict[str, np.ndarray]:
 
 
 def measure(spec, seeds: int, device: str = "cpu", chunk: int = 0, salt: str = "") -> dict[str, np.ndarray]:
-    """Per-seed moments of `seeds` initialisations, `chunk` at a time (0: as many as 40 GB hold)."""
+    """Per-seed moments of `seeds` initialisations, `chunk` at a time (0: as many as 40 GB hold on a GPU, 2 GB
+    elsewhere; the estimate is about twice what autograd keeps)."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
     T, d, L = spec.seq_len, spec.d_model, spec.layers
-    chunk = chunk or max(1, int(40e9 // (L * (10 * T * d + 3 * T * T + 6 * d * d) * 8)))
+    memory = 40e9 if torch.device(device).type == "cuda" else 2e9
+    chunk = chunk or max(1, int(memory // (L * (10 * T * d + 3 * T * T + 6 * d * d) * 8)))
     gen = torch.Generator(device=device).manual_seed(zlib.crc32((spec.name + salt).encode()))
     parts = []
     for start in range(0, seeds, chunk):
@@ -150,7 +152,7 @@ def main() -> int:
     ap.add_argument("--cells", default="", help="comma-separated norm:ratio:T:bi|causal (default: the whole grid)")
     ap.add_argument("--layers", type=int, default=50)
     ap.add_argument("--d", type=int, default=720)
-    ap.add_argument("--chunk", type=int, default=0, help="seeds per batch (0: as many as 40 GB hold)")
+    ap.add_argument("--chunk", type=int, default=0, help="seeds per batch (0: as many as 40 GB hold on a GPU, 2 GB else)")
     ap.add_argument("--salt", default="", help="another set of seeds")
     ap.add_argument("--save", default="", help="keep the per-seed moments (npz)")
     ap.add_argument("--load", nargs="*", default=[], help="score saved per-seed moments instead of measuring")
