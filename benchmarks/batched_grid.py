@@ -22,7 +22,6 @@ layers, d 720); on a CPU use a few seeds and a small `--d`. Asserts nothing.
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 import sys
 import time
@@ -30,7 +29,7 @@ import zlib
 
 import numpy as np
 
-from phase_fidelity import RATIOS, spec_for, worst
+from phase_fidelity import columns, parse_cells, spec_for
 
 NAMES = ("q", "p", "y2", "gq", "gp")
 
@@ -124,26 +123,12 @@ def report(spec, m: dict[str, np.ndarray]) -> dict:
     return compare(spec, trace, pool_seeds(per_seed), theory=resolved)
 
 
-def parse_cells(text: str) -> list[tuple[str, float, int, bool]]:
-    if not text:
-        return list(itertools.product(("post", "pre"), RATIOS, (64, 512), (False, True)))
-    cells = []
-    for cell in text.split(","):
-        try:
-            norm, ratio, T, kind = cell.split(":")
-            cells.append((norm, float(ratio), int(T), kind == "causal"))
-            if norm not in ("post", "pre") or kind not in ("bi", "causal") or not 2 <= int(T) <= 4096:
-                raise ValueError
-        except ValueError:
-            raise ValueError(f"cell {cell!r}: expected norm:ratio:T:bi|causal, norm post or pre, T in 2-4096") from None
-    return cells
-
-
 def key_of(norm: str, ratio: float, T: int, causal: bool) -> str:
     return f"{norm}:{ratio}:{T}:{'causal' if causal else 'bi'}"
 
 
 def main() -> int:
+    from initadvisor.errors import UsageError
     from initadvisor.spec import SpecError, build_spec
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -159,8 +144,8 @@ def main() -> int:
     try:
         args = ap.parse_args()
         cells = parse_cells(args.cells)
-        if args.seeds < 2 or args.layers < 1 or args.d < 2:
-            raise ValueError("--seeds >= 2, --layers >= 1, --d >= 2")
+        if args.seeds < 2 or args.layers < 1 or args.d < 2 or args.chunk < 0:
+            raise ValueError("--seeds >= 2, --layers >= 1, --d >= 2, --chunk >= 0")
     except ValueError as e:
         print(f"batched_grid: bad arguments: {e}", file=sys.stderr)
         return 2
@@ -171,7 +156,14 @@ def main() -> int:
                 for k in z.files:
                     saved.setdefault(k, []).append(z[k].astype(np.float64))
         specs = {key_of(*c): build_spec(spec_for(*c, args.layers, args.d)) for c in cells}
-    except (OSError, ValueError, SpecError) as e:
+        if not args.load:
+            from initadvisor.api import _torch_device
+
+            _torch_device(args.device)
+    except ImportError:
+        print("batched_grid: measuring needs PyTorch (pip install torch)", file=sys.stderr)
+        return 2
+    except (OSError, ValueError, SpecError, UsageError) as e:
         print(f"batched_grid: {e}", file=sys.stderr)
         return 2
     keep = {}
@@ -190,12 +182,7 @@ def main() -> int:
             m = measure(spec, args.seeds, args.device, args.chunk, args.salt)
             keep.update({f"{key}/{k}": v.astype(np.float32) for k, v in m.items()})
         rep = report(spec, m)
-        line = f"{key:22s} {len(m['q']):6d} |"
-        for k, pct in (("rho", False), ("ipr", True), ("grad_q", True)):
-            e, i, z = worst(rep["layers"], k)
-            err = f"{'-':>8s}" if e is None else (f"{100 * e:7.1f}%" if pct else f"{e:8.3f}")
-            line += f" {err} {i or 0:3d} {'' if z is None else f'{abs(z):5.1f}':>5s} |"
-        print(f"{line} {time.perf_counter() - t0:.0f}", flush=True)
+        print(f"{key:22s} {len(m['q']):6d} | {columns(rep['layers'])} | {time.perf_counter() - t0:.0f}", flush=True)
     if args.save and keep:
         np.savez(args.save, **keep)
     return 0

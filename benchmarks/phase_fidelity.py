@@ -52,7 +52,33 @@ def worst(layers: list[dict], key: str) -> tuple[float | None, int | None, float
     return max(errs, key=lambda e: e[0]) if errs else (None, None, None)
 
 
-def main() -> None:
+def parse_cells(text: str) -> list[tuple[str, float, int, bool]]:
+    """--cells: norm:ratio:T:bi|causal, comma-separated (empty: the whole grid); a ValueError naming a bad one."""
+    if not text:
+        return list(itertools.product(("post", "pre"), RATIOS, (64, 512), (False, True)))
+    cells = []
+    for cell in text.split(","):
+        try:
+            norm, ratio, T, kind = cell.split(":")
+            if norm not in ("post", "pre") or kind not in ("bi", "causal") or not 2 <= int(T) <= 4096:
+                raise ValueError
+            cells.append((norm, float(ratio), int(T), kind == "causal"))
+        except ValueError:
+            raise ValueError(f"cell {cell!r}: expected norm:ratio:T:bi|causal, norm post or pre, T in 2-4096") from None
+    return cells
+
+
+def columns(layers: list[dict]) -> str:
+    """A report's largest error of rho, the IPR and the gradient over the layers, each with its layer and |z|."""
+    out = []
+    for key, pct in (("rho", False), ("ipr", True), ("grad_q", True)):
+        e, i, z = worst(layers, key)
+        err = f"{'-':>8s}" if e is None else (f"{100 * e:7.1f}%" if pct else f"{e:8.3f}")
+        out.append(f"{err} {i or 0:3d} {'' if z is None else f'{abs(z):5.1f}':>5s}")
+    return " | ".join(out)
+
+
+def main() -> int:
     import yaml
 
     from initadvisor.cli import main as cli
@@ -67,10 +93,11 @@ def main() -> None:
     ap.add_argument("--backend", default="numpy", help="verify's backend: numpy, or torch (no IPR measured)")
     ap.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
     args = ap.parse_args()
-    if args.cells:
-        cells = [(n, float(r), int(t), c == "causal") for n, r, t, c in (x.split(":") for x in args.cells.split(","))]
-    else:
-        cells = list(itertools.product(("post", "pre"), RATIOS, (64, 512), (False, True)))
+    try:
+        cells = parse_cells(args.cells)
+    except ValueError as e:
+        print(f"phase_fidelity: {e}", file=sys.stderr)
+        return 2
     print(f"{'norm':4s} {'b/bc':>5s} {'T':>4s} {'rows':6s} | {'rho err':>8s} {'@':>3s} {'|z|':>5s} | {'IPR err':>8s} "
           f"{'@':>3s} {'|z|':>5s} | {'grad err':>8s} {'@':>3s} {'|z|':>5s} | seconds", flush=True)
     out = []
@@ -98,16 +125,11 @@ def main() -> None:
             for key in ("rho", "ipr", "grad_q"):
                 row[key], row[key + "_layer"], row[key + "_z"] = worst(rep["layers"], key)
             out.append(row)
-
-            def fmt(key, pct):
-                x, z = row[key], row[key + "_z"]
-                err = f"{'-':>8s}" if x is None else (f"{100 * x:7.1f}%" if pct else f"{x:8.3f}")
-                return f"{err} {row[key + '_layer'] or 0:3d} {'' if z is None else f'{abs(z):5.1f}':>5s}"
-
-            print(f"{norm:4s} {ratio:5.2f} {T:4d} {'causal' if causal else 'bi':6s} | {fmt('rho', False)} | "
-                  f"{fmt('ipr', True)} | {fmt('grad_q', True)} | {row['seconds']:.0f}", flush=True)
+            print(f"{norm:4s} {ratio:5.2f} {T:4d} {'causal' if causal else 'bi':6s} | {columns(rep['layers'])} | "
+                  f"{row['seconds']:.0f}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from batched_grid import measure, report  # noqa: E402
-from phase_fidelity import spec_for  # noqa: E402
+from phase_fidelity import parse_cells, spec_for  # noqa: E402
 
 
 @pytest.mark.parametrize("norm,ratio,causal,strong", [("post", 2.5, True, False), ("pre", 1.5, False, False),
@@ -45,3 +45,13 @@ def test_batched_encoder_is_the_simulated_network(norm, ratio, causal, strong):
             worst[key] = max(worst.get(key, 0.0), abs(z))
     assert set(worst) == {"rho", "ipr", "grad_q"}
     assert max(worst.values()) < 5, worst
+
+
+def test_cells_grammar():
+    """The benchmarks' --cells: the whole grid by default (48 cells), a listed cell as written, and a malformed one a
+    ValueError that names it (the scripts print it on one line and exit 2)."""
+    assert len(parse_cells("")) == 48 and len(set(parse_cells(""))) == 48
+    assert parse_cells("post:2.5:512:bi,pre:0.5:64:causal") == [("post", 2.5, 512, False), ("pre", 0.5, 64, True)]
+    for bad in ("post:2.5", "mid:1:64:bi", "post:x:64:bi", "post:1:1:bi", "post:1:64:both", "post:1:8192:bi"):
+        with pytest.raises(ValueError, match=bad):
+            parse_cells(bad)
