@@ -107,9 +107,8 @@ def measure(spec, seeds: int, device: str = "cpu", chunk: int = 0, salt: str = "
     memory = 40e9 if torch.device(device).type == "cuda" else 2e9
     chunk = chunk or max(1, int(memory // (L * (10 * T * d + 3 * T * T + 6 * d * d) * 8)))
     gen = torch.Generator(device=device).manual_seed(zlib.crc32((spec.name + salt).encode()))
-    parts = []
-    for start in range(0, seeds, chunk):
-        parts.append(run_batch(min(chunk, seeds - start), spec, stds(spec), gen, device))
+    drawn = stds(spec)
+    parts = [run_batch(min(chunk, seeds - start), spec, drawn, gen, device) for start in range(0, seeds, chunk)]
     return {k: np.concatenate([p[k] for p in parts]) for k in NAMES}
 
 
@@ -176,8 +175,14 @@ def main() -> int:
         if args.load:
             if f"{key}/q" not in saved:
                 continue
-            m = {k: np.concatenate(saved[f"{key}/{k}"]) if f"{key}/{k}" in saved
-                 else np.full_like(np.concatenate(saved[f"{key}/q"]), np.nan) for k in NAMES}
+            try:
+                m = {k: np.concatenate(saved[f"{key}/{k}"]) if f"{key}/{k}" in saved
+                     else np.full_like(np.concatenate(saved[f"{key}/q"]), np.nan) for k in NAMES}
+                if any(v.ndim != 2 or v.shape != (len(m["q"]), args.layers + (k != "y2")) for k, v in m.items()):
+                    raise ValueError("not per-seed moments of this cell")
+            except ValueError as e:
+                print(f"batched_grid: --load, cell {key}: {e} at --layers {args.layers}", file=sys.stderr)
+                return 2
         else:
             m = measure(spec, args.seeds, args.device, args.chunk, args.salt)
             keep.update({f"{key}/{k}": v.astype(np.float32) for k, v in m.items()})
