@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from initadvisor.core import kernels
-from initadvisor.core.causal import pair_kernel, propagate_overlaps
+from initadvisor.core.causal import coarser, group_edges, pair_kernel, propagate_overlaps
 from initadvisor.core.ops import Attention, Norm, block, leaves
 from initadvisor.simulate import init_block, make_input, simulate
 from initadvisor.stack import block_params, from_spec, run_causal, run_spec
@@ -249,6 +249,38 @@ def test_late_tokens_match_single_pair_for_long_sequences():
 # The reduced (position-group) form against the full T x T overlap matrix
 
 
+def _ref_field_factor(C, s):
+    """Rows whose keys' scores correlate as the keys do (C), over i.i.d. rows: softmax_rows.field_rows_y2 on the
+    engine's coarser groups of positions (ops._FIELD_GROUPS), their structure summed from C directly; 1 where no row
+    with two keys has a score std of 0.3."""
+    from initadvisor.core.causal import coarser
+    from initadvisor.core.ops import _FIELD_DRAWS, _FIELD_GROUPS
+    from initadvisor.core.softmax_rows import field_rows_y2
+
+    T = C.shape[0]
+    m = np.arange(1, T + 1, dtype=float)
+    if not np.max(s[1:]) >= 0.3:
+        return 1.0
+    M = coarser(np.arange(T + 1), *_FIELD_GROUPS)  # positions in coarser groups
+    n = M.sum(axis=1)
+    off = C - np.diag(np.diag(C))
+    pairs = np.multiply.outer(n, n) - np.diag(n)
+    F = np.where(pairs > 0, M @ off @ M.T / np.maximum(pairs, 1.0), 0.0)
+    q = M @ np.diag(C) / n
+    own = np.where(n == 1, 0.0, np.maximum(q - np.diag(F), 0.0))
+    F[np.diag_indices(len(n))] = np.where(n == 1, q, np.diag(F))
+    ends = np.cumsum(n).astype(int)
+    S = np.cumsum(np.cumsum(C, axis=0), axis=1)
+    tr = np.cumsum(np.diag(C))
+    with np.errstate(invalid="ignore", divide="ignore"):  # the rows' mean centred key variance, from C
+        spread = tr[ends - 1] / ends - (np.diag(S)[ends - 1] - tr[ends - 1]) / (ends * np.maximum(ends - 1.0, 1.0))
+        c = s[ends - 1] ** 2 / spread
+    ok = (ends > 1) & np.isfinite(c) & (c > 0)
+    y, ref = field_rows_y2(min(float(np.median(c[ok])), 1e6), n, F, own, _FIELD_DRAWS)
+    f = np.where(ok & (ref > 0), y / ref, 1.0)
+    return np.interp(np.log(m), np.log(np.r_[1.0, ends]), np.r_[1.0, f])
+
+
 def _ref_attention(C, P, lnT):
     """The full-matrix causal attention of the first version (O(T^2) per layer), kept as the reference; row m's keys
     alike weighed together (attention.coweighting) and each key at its share of the row's weight (key_shares) from the
@@ -266,6 +298,7 @@ def _ref_attention(C, P, lnT):
     qb = float(P.q_bias)
     qq = np.diag(C) + qb
     y2, v, _ = row_statistics(P.beta, att.beta_c(qbar, pbar, qq), lnT)
+    y2 = y2 * _ref_field_factor(C, P.beta * math.sqrt(2.0 * lnT) / att.beta_c(qbar, pbar, qq))
     i = np.arange(T)
     lo, hi = np.minimum.outer(i, i), np.maximum.outer(i, i)
     rho_q = (C + qb) / np.sqrt(np.multiply.outer(qq, qq))
@@ -926,3 +959,14 @@ def test_rotary_rows_turn_the_keys_not_the_values(qk_beta):
     np.fill_diagonal(P, 0.0)
     out = op.causal(G, cz.State(np.ones(T), P))[0].qf
     assert abs(out[T // 2:].mean() / meas[T // 2:].mean() - 1) <= 0.05
+
+
+def test_coarser_groups():
+    """The field law's groups: the first 4 positions alone, then each ends at the first edge at least 1.4x the last
+    end (by hand at full resolution); on the engine's grid every group lands in exactly one, edges kept."""
+    M = coarser(np.arange(65), 4, 1.4)
+    assert np.cumsum(M.sum(axis=1)).astype(int).tolist() == [1, 2, 3, 4, 6, 9, 13, 19, 27, 38, 54, 64]
+    e = group_edges(512)
+    M = coarser(e, 4, 1.4)
+    assert np.all(M.sum(axis=0) == 1) and np.all(np.diff(np.nonzero(M)[0]) >= 0)
+    assert set(np.cumsum(M @ np.diff(e)).astype(int)) <= set(e[1:].tolist())

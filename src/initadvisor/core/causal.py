@@ -23,7 +23,8 @@ pushed through the same operations as the engine (each operation's `causal` map 
 
       A_ms = 1/m + delta_ms,  sum_s delta_ms = 0,
       O[m, n] = Sv[m, n] / (m n)                                   (uniform part: 2-D prefix sums)
-              + (Y2_m - 1/m) gapV_m psi_m                 (m = n:  the exact finite-T IPR at m keys)
+              + (Y2_m - 1/m) gapV_m psi_m                 (m = n:  the finite-T IPR at m keys, exact for
+                                                             keys' scores correlated as the keys are)
               + (Yp_mn - 1/max(m, n)) gapV_k psi_k         (m != n: shared keys, k = min(m, n))
               + (1/keep - 1) Y2_m qbarV_m                   (m = n:  attention dropout),
 
@@ -177,6 +178,20 @@ def group_edges(T: int, single: int = _SINGLE, ratio: float = _RATIO) -> np.ndar
     while e[-1] < T:
         e.append(min(T, max(e[-1] + 1, int(round(e[-1] * ratio)))))
     return np.array(sorted(set(e) | {T // 3, (2 * T) // 3}), dtype=np.int64)
+
+
+def coarser(edges: np.ndarray, single: int, ratio: float) -> np.ndarray:
+    """(K', K): which of the groups between `edges` each coarser group holds, the coarser edges a subset of them: the
+    first `single` positions alone, then each group ends at the first edge at least `ratio` x the previous end."""
+    keep, last = [], 0
+    for g, e in enumerate(edges[1:]):
+        if e <= single or e >= ratio * last or g == len(edges) - 2:
+            keep.append(g)
+            last = e
+    label = np.searchsorted(np.array(keep), np.arange(len(edges) - 1))
+    out = np.zeros((len(keep), len(edges) - 1))
+    out[label, np.arange(len(edges) - 1)] = 1.0
+    return out
 
 
 @dataclass(frozen=True)

@@ -32,12 +32,14 @@ from initadvisor.core import distances as dz
 from initadvisor.core import gradients as gr
 from initadvisor.core import kernels, routing
 from initadvisor.core.repeats import SIGMA_MAX, at_lengths, query_token_share, token_rows
-from initadvisor.core.softmax_rows import expected_y, key_shares, power_sums
+from initadvisor.core.softmax_rows import expected_y, field_rows_y2, key_shares, power_sums
 from initadvisor.core.sorting import median, unique
 
 GATED = {"swiglu": "silu", "geglu": "gelu"}  # gated MLP -> the activation of its gate
 EULER_GAMMA = 0.5772156649015329
 _K_TANH = math.sqrt(2.0 / math.pi)
+_FIELD_GROUPS = (4, 1.4)  # Attention._field_factor's coarser groups: 12-17 at T 64-512, within 1.2% of the engine's
+_FIELD_DRAWS = 256  # its field draws (QMC): the IPR within 0.7%, the gradient 0.6% of 1024 draws' on issue 13's grid
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
@@ -737,6 +739,7 @@ class Attention:
         bc = self._qk_normed_beta_c(qbar, kbar, qq) if P.qk_norm != "none" else att.beta_c(qbar, kbar, qq)
         y2, v, ys = cz.row_statistics(P.beta, bc, lnT, m)
         ends = G.edges[1:] - 1  # each group at its last row: keys the groups up to it
+        y2 = y2 * self._field_factor(G, qf, Pm, cz.row_std(P.beta, bc[ends], lnT))
         sums = self._structure_sums(G, qf, Pm)
         phi = att.coweighting(m[ends], cz.row_x(P.beta, bc, lnT, m)[ends], sums)
         shares = None  # (centered rows: the rows' means are taken off, and there is no position-resolved backward)
@@ -823,6 +826,40 @@ class Attention:
         A1 = G.keys / G.edges[1:, None]
         A = A1 * W
         return A @ C @ A.T - A1 @ C @ A1.T
+
+    def _field_factor(self, G, qf, Pm, s):
+        """Per row: its IPR when its keys' scores correlate as the keys do, over i.i.d. scores' of the same spread
+        (softmax_rows.field_rows_y2 on coarser groups, _FIELD_GROUPS, at their last rows; linear in ln m between them,
+        1 for one key). s: the rows' score std at each group's last row. Past beta_c in post-LN a causal row's keys are
+        positional clusters of alike tokens: a row that localizes spreads its weight over a cluster, so its IPR is lower
+        than i.i.d. scores' (the numpy network's late rows at 2.5 beta_c, T 512: 28% at block 44). 1 where no row's
+        scores spread by 0.3 (uniform rows: the structure moves the IPR as s^4)."""
+        if not np.nanmax(np.where(G.edges[1:] > 1, s, 0.0), initial=0.0) >= 0.3:
+            return 1.0
+        kd, Kp = self._key_overlaps(G, qf, Pm)
+        M = cz.coarser(G.edges, *_FIELD_GROUPS)
+        n = M @ G.n
+        pairs = np.multiply.outer(n, n)
+        pairs[np.diag_indices(len(n))] = n * (n - 1.0)
+        F = np.where(pairs > 0, (M @ Kp @ M.T) / np.maximum(pairs, 1.0), 0.0)
+        q = (M @ (G.n * kd)) / n
+        single = n == 1
+        own = np.where(single, 0.0, np.maximum(q - np.diag(F), 0.0))
+        F[np.diag_indices(len(n))] = np.where(single, q, np.diag(F))
+        m = np.cumsum(n)
+        last = M.shape[1] - 1 - np.argmax(M[:, ::-1] > 0, axis=1)  # each coarser group's last group
+        tot = np.cumsum(np.cumsum(F * np.multiply.outer(n, n), axis=0), axis=1).diagonal() + np.cumsum(n * own)
+        trace = np.cumsum(n * q)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            c = s[last] ** 2 / (trace / m - (tot - trace) / (m * np.maximum(m - 1.0, 1.0)))
+        ok = (m > 1) & np.isfinite(c) & (c > 0)
+        if not ok.any() or not np.all(np.isfinite(F)):
+            return 1.0
+        y, ref = field_rows_y2(min(float(np.median(c[ok])), 1e6), n, F, own, _FIELD_DRAWS)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            f = np.where(ok & (ref > 0), y / ref, 1.0)
+        f = np.where(np.isfinite(f), f, 1.0)
+        return np.interp(np.log(G.m), np.log(np.r_[1.0, m]), np.r_[1.0, f])
 
     def _key_shares(self, G, qf, Pm, s):
         """Per row group (at its last row: keys the groups up to it) and key group, one key's share of the row's E[A],

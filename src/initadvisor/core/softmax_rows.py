@@ -11,6 +11,10 @@ uniform grids of smooth, fast-decaying integrands, so they converge geometricall
 The engine reads E[Y2], E[Y3] and E[Y2^2] from a table of this quadrature over (s, ln T), shipped as softmax_rows.npz
 (`python -m initadvisor.core.softmax_rows` rebuilds it), bilinear in log Y between its nodes: within 0.3%
 (Y2), 1.1% (Y3) and 3% (Y2^2, largest where Y2^2 << Y2) of the quadrature.
+
+Causal rows past beta_c read keys that are not exchangeable: alike positions form clusters, and early keys stand
+apart (field_rows_y2). Given the scores' shared part per group of keys (the field) the keys are independent again, so
+the same quadrature with the keys' product over groups gives E[Y2 | field] exactly; the field alone is drawn.
 """
 
 from __future__ import annotations
@@ -428,3 +432,191 @@ def power_sums(s, m) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         with np.errstate(divide="ignore"):
             out[:, at] = np.exp(np.log(y[0]) * (1.0 - f) + np.log(y[1]) * f)
     return tuple(np.where(np.isnan(s0), np.nan, np.where(m <= 1.0, 1.0, x)) for x in out)
+
+
+# ------------------------------------------------------------------------------------------------
+# Keys whose scores share a positional structure: causal rows past beta_c
+
+
+FIELD = Path(__file__).with_name("softmax_field.npz")
+FIELD_DRAWS, FIELD_DIMS = 1024, 48  # the shipped field draws: scrambled Sobol normals (48 groups: T to 1e7 on
+# Attention._field_factor's groups)
+_FIELD_MAX = 60.0  # the largest field or own score std field_rows_y2 takes (twice the row tables' range)
+_FIELD_H = 1.0  # the structured rows' step in ln t (trapezoid on Gaussian-smoothed bumps of width >= 1: 5e-5)
+
+
+def build_field_table(path: Path = FIELD) -> None:
+    """Save FIELD_DRAWS scrambled Sobol points in FIELD_DIMS dimensions as standard normals (scipy, once)."""
+    from scipy.special import ndtri
+    from scipy.stats import qmc
+
+    z = ndtri(qmc.Sobol(FIELD_DIMS, scramble=True, seed=20261130).random(FIELD_DRAWS))
+    np.savez(path, z=z.astype(np.float32))
+
+
+@lru_cache(maxsize=1)
+def _field_normals() -> np.ndarray:
+    with np.load(FIELD) as f:
+        return _read_only(f["z"].astype(float))
+
+
+_FINE = 8  # the field functions' points per unit of ln t (cubic from the key nodes' 2 per unit: within 1e-4)
+_FINE_N = int(round((_KS_W[-1] - _KS_W[0]) * _FINE)) + 1  # their points over _KS_W
+
+
+@lru_cache(maxsize=512)
+def _field_node(j: int) -> tuple[np.ndarray, np.ndarray]:
+    """At the key shares' std node j, over _KS_W: ln(-ln phi) and ln(t^2 psi_2) - ln phi, both near-linear in ln t
+    where phi is near 1 and smooth where it falls. Where ln phi < -30 the key takes e^-30 off every row's integrand
+    (and the node's phi, 1 - (1 - phi) in float64, has lost its digits): held there, V marked -1e30."""
+    lp, _, l2, *_ = _key_node_all(j)
+    dead = lp < -30.0
+    with np.errstate(divide="ignore"):
+        u = np.log(np.maximum(-lp, 1e-300))
+    return _read_only(np.where(dead, math.log(30.0), u)), _read_only(np.where(dead, -1e30, l2 - lp))
+
+
+@lru_cache(maxsize=512)
+def _fine_node(j: int) -> tuple[np.ndarray, np.ndarray]:
+    """_field_node's pair on ln t = _KS_W[0] + k / _FINE over all of _KS_W, cubic (Catmull-Rom) between the node's
+    points; V -1e30 wherever the stencil touches a point past ln phi = -30."""
+    u0, v0 = _field_node(j)
+    x = np.arange(_FINE_N) / (_FINE * _KS_H)  # in the node grid's index
+    i = np.clip(x.astype(np.int64), 1, _KS_W.size - 3)
+    t = x - i
+    wts = (((-t + 2.0) * t - 1.0) * t / 2.0, ((3.0 * t - 5.0) * t * t + 2.0) / 2.0,
+           ((-3.0 * t + 4.0) * t + 1.0) * t / 2.0, (t - 1.0) * t * t / 2.0)  # at i - 1 .. i + 2
+    dead = np.zeros(i.shape, dtype=bool)
+    for k in range(4):
+        dead |= v0[i + k - 1] < -1e29
+    U = sum(w * u0[i + k - 1] for k, w in enumerate(wts))
+    V = sum(w * np.maximum(v0, -1e4)[i + k - 1] for k, w in enumerate(wts))
+    return _read_only(U), _read_only(np.where(dead, -1e30, V))
+
+
+def _field_functions(sig: float, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """(U, V, y0): _field_node's pair at std sig on ln t = y0 + k / _FINE over [lo, hi] (held at _KS_W's ends),
+    linear in u = ln(1 + 2 sig) between the nodes' fine tables (_fine_node); sig 0: U = y, V = 2y exactly."""
+    a = max(math.floor((lo - _KS_W[0]) * _FINE) - 1, 0)
+    b = min(math.ceil((hi - _KS_W[0]) * _FINE) + 2, _FINE_N)
+    b = max(b, a + 2)
+    y0 = _KS_W[0] + a / _FINE
+    if not sig > 0.0:
+        y = y0 + np.arange(b - a) / _FINE
+        return y, 2.0 * y, y0
+    u = math.log1p(2.0 * min(sig, _KEY_MAX)) / _KS_STEP
+    j = int(u)
+    f = u - j
+    (u0, v0), (u1, v1) = _fine_node(j), _fine_node(j + 1)
+    U = u0[a:b] + (u1[a:b] - u0[a:b]) * f
+    V = np.where((v0[a:b] < -1e29) | (v1[a:b] < -1e29), -1e30, v0[a:b] + (v1[a:b] - v0[a:b]) * f)
+    return U, V, y0
+
+
+def _own_variances(Fc: np.ndarray, J: np.ndarray, single: np.ndarray) -> np.ndarray:
+    """How much of each one-key group's field variance can be its key's own (integrated exactly, not drawn): theta
+    times its variance unique of the other groups (1 / (Fc^+)_gg), theta the largest that keeps the field positive
+    semi-definite on the centred subspace (the law of a row does not see a shift common to its keys)."""
+    G = len(single)
+    if single.sum() < 1 or G < 2:
+        return np.zeros(G)
+    u = np.where(single, 1.0 / np.maximum(np.diag(np.linalg.pinv(Fc)), 1e-300), 0.0)
+    Q = np.linalg.qr(np.eye(G)[:, :G - 1] - 1.0 / G)[0]  # an orthonormal basis of the centred subspace
+    M = Q.T @ Fc @ Q
+    B = Q.T @ (J * u) @ J.T @ Q
+    L = np.linalg.cholesky(M + (1e-10 * max(np.trace(M), 1e-300)) * np.eye(G - 1))
+    X = np.linalg.solve(L, np.linalg.solve(L, B).T)
+    top = float(np.linalg.eigvalsh(X).max())
+    return np.zeros(G) if not top > 0 else 0.999 * u / top
+
+
+def _on_fine(U: np.ndarray, V: np.ndarray, y0: float, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """e^U and e^V at y, linear in U and V between the fine points (held beyond the tables)."""
+    x = np.clip((y - y0) * _FINE, 0.0, U.shape[-1] - 1.0)
+    i = np.minimum(x.astype(np.int64), U.shape[-1] - 2)
+    f = x - i
+    u = np.take_along_axis(U, i, -1) if U.ndim > 1 else U[i]
+    u1 = np.take_along_axis(U, i + 1, -1) if U.ndim > 1 else U[i + 1]
+    v = np.take_along_axis(V, i, -1) if V.ndim > 1 else V[i]
+    v1 = np.take_along_axis(V, i + 1, -1) if V.ndim > 1 else V[i + 1]
+    return np.exp(np.minimum(u + (u1 - u) * f, 600.0)), np.exp(np.minimum(v + (v1 - v) * f, 600.0))
+
+
+def _prefix_rows(n: np.ndarray, a: np.ndarray, sig: np.ndarray) -> np.ndarray:
+    """Mean over the draws (rows of a) of H sum over ln t of t^2 sum_k psi_2(k) / phi(k) prod_k phi(k): E[Y2 | a] of
+    the rows over groups 0..r, a key of group g shifted by a[:, g] with own std sig[g]. t Z = u: the integrand is at
+    most u^2 e^-u of the row, below e^-25 left of u = e^-12.5 and right of u = 35; Z between its keys' scores at -4.5
+    and +4.5 stds (each side's tail: 3e-6)."""
+    D, G = a.shape
+    big = np.logaddexp.accumulate(np.log(n) + a + 4.5 * sig, axis=1)
+    small = np.maximum.accumulate(a - 4.5 * sig, axis=1)
+    left = np.floor((-big.max(axis=1) - 12.5) / _FIELD_H) * _FIELD_H  # on one lattice in ln t with _iid_rows
+    nw = int(math.ceil(float((3.6 - small.min(axis=1) - left).max()) / _FIELD_H)) + 1
+    w = left[:, None] + _FIELD_H * np.arange(nw)  # (D, nw)
+    S = np.zeros((D, nw))
+    num = np.zeros((D, nw))
+    out = np.empty(G)
+    for g in range(G):
+        y = w + a[:, g:g + 1]
+        U, V, y0 = _field_functions(float(sig[g]), float(y.min()), float(y.max()))
+        eu, ev = _on_fine(U, V, y0, y)
+        S += n[g] * eu
+        num += n[g] * ev
+        out[g] = float((np.exp(-S) * num).sum())
+    return np.minimum(out * _FIELD_H / D, 1.0)
+
+
+def _iid_rows(m: np.ndarray, sig: np.ndarray) -> np.ndarray:
+    """E[Y2] of rows of m[r] i.i.d. keys of score std sig[r] by _prefix_rows' quadrature (each row on its own ln t
+    grid), so that exchangeable keys give _prefix_rows' own numbers."""
+    left = np.floor((-(np.log(m) + 4.5 * sig) - 12.5) / _FIELD_H) * _FIELD_H
+    nw = int(math.ceil(float((3.6 + 4.5 * sig - left).max()) / _FIELD_H)) + 1  # (a row's own right end, or past it)
+    w = left[:, None] + _FIELD_H * np.arange(nw)
+    tabs = [_field_functions(float(s), float(r[0]), float(r[-1])) for s, r in zip(sig, w)]
+    width = max(t[0].size for t in tabs)
+    U = np.stack([np.pad(t[0], (0, width - t[0].size), mode="edge") for t in tabs])
+    V = np.stack([np.pad(t[1], (0, width - t[1].size), mode="edge") for t in tabs])
+    eu, ev = _on_fine(U, V, np.array([t[2] for t in tabs])[:, None], w)
+    return np.minimum((np.exp(-m[:, None] * eu) * m[:, None] * ev).sum(axis=1) * _FIELD_H, 1.0)
+
+
+def field_rows_y2(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, draws: int = FIELD_DRAWS
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """E[Y2] of the rows over key groups 0..r, for every r, and of i.i.d. rows of each one's spread (the same
+    quadrature, so that their ratio is exactly 1 for exchangeable keys): a key of group g (n[g] keys) scores
+    sqrt(c) (f_g + e_k), the field f ~ N(0, F) shared by the group's keys (F[g, g] their common part), e_k ~ N(0,
+    own[g]) its own. Given the field the keys are independent, so E[Y2 | f] is the module docstring's quadrature with
+    the keys' product over groups, int t^2 sum psi_2 / phi prod phi d ln t at each key's shift (every prefix at once:
+    cumulative sums); the field is drawn (the first `draws` of the shipped QMC normals, in its principal
+    directions). One-key groups' variance unique of the rest moves to their own parts first (_own_variances): less
+    to draw."""
+    n = np.asarray(n, dtype=float)
+    own = np.asarray(own, dtype=float)
+    G = n.size
+    m = np.cumsum(n)
+    J = np.eye(G) - np.outer(np.ones(G), n / m[-1])
+    ev, vec = np.linalg.eigh(J @ F @ J.T)
+    Fc = (vec * np.maximum(ev, 0.0)) @ vec.T
+    moved = _own_variances(Fc, J, n == 1)
+    ev, vec = np.linalg.eigh(Fc - (J * moved) @ J.T)
+    order = np.argsort(ev)[::-1]
+    ev, vec = np.maximum(ev[order], 0.0), vec[:, order]
+    vec = vec * np.sign(vec[np.argmax(np.abs(vec), axis=0), np.arange(G)])  # one sign per direction, whatever eigh's
+    sig = np.sqrt(c * np.maximum(own + moved, 0.0))
+    # i.i.d. rows: each prefix's keys at its mean centred variance (trace of J K J over m - 1)
+    tot = np.cumsum(np.cumsum(F * np.multiply.outer(n, n), axis=0), axis=1).diagonal() + np.cumsum(n * own)
+    trace = np.cumsum(n * (np.diag(F) + own))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        s_iid = np.sqrt(c * np.maximum(np.where(m > 1, trace / m - (tot - trace) / (m * np.maximum(m - 1.0, 1.0)), 0.0),
+                                       0.0))
+    if not (c * ev[0] <= _FIELD_MAX**2 and max(sig.max(), s_iid.max()) <= _FIELD_MAX):  # all but one-hot, or unresolved
+        return np.ones(G), np.ones(G)
+    if c * ev[0] < 1e-8:  # no field left: one draw at f = 0
+        a = np.zeros((1, G))
+    else:
+        z = _field_normals()[:draws]
+        if G > z.shape[1]:  # beyond the table's dimensions, pseudo-random normals (the smallest directions)
+            z = np.concatenate([z, np.random.default_rng(G).standard_normal((z.shape[0], G - z.shape[1]))], axis=1)
+        a = (z[:, :G] * np.sqrt(c * ev)) @ vec.T
+    iid = _iid_rows(m, s_iid)
+    return np.where(m > 1, _prefix_rows(n, a, sig), 1.0), np.where(m > 1, iid, 1.0)
