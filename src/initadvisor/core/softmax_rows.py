@@ -9,8 +9,9 @@ Exact at every T (issue 13; 001's REM laws are the T -> infinity limit, attentio
 a one-dimensional integral (over ln t) of one-dimensional Gaussian integrals. Both are trapezoid sums over
 uniform grids of smooth, fast-decaying integrands, so they converge geometrically (1e-13 at the grids below).
 The engine reads E[Y2], E[Y3] and E[Y2^2] from a table of this quadrature over (s, ln T), shipped as softmax_rows.npz
-(`python -m initadvisor.core.softmax_rows` rebuilds it), bilinear in log Y between its nodes: within 0.3%
-(Y2), 1.1% (Y3) and 3% (Y2^2, largest where Y2^2 << Y2) of the quadrature.
+(`python -m initadvisor.core.softmax_rows` rebuilds it; `... pairs` the two-row table, `... field` the field's
+draws), bilinear in log Y between its nodes: within 0.3% (Y2), 1.1% (Y3) and 3% (Y2^2, largest where Y2^2 << Y2) of
+the quadrature.
 
 Causal rows past beta_c read keys that are not exchangeable: alike positions form clusters, and early keys stand
 apart (field_rows_y2). Given the scores' shared part per group of keys (the field) the keys are independent again, so
@@ -272,7 +273,7 @@ def _overlap_at(tab: np.ndarray, s, c):
 if __name__ == "__main__":
     import sys
 
-    build_pair_table() if sys.argv[1:] == ["pairs"] else build_table()
+    {"pairs": build_pair_table, "field": build_field_table}.get(" ".join(sys.argv[1:]), build_table)()
 
 
 # ------------------------------------------------------------------------------------------------
