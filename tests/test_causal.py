@@ -254,7 +254,7 @@ def _ref_field_factor(C, s):
     engine's coarser groups of positions (ops._FIELD_GROUPS), their structure summed from C directly; 1 where no row
     with two keys has a score std of 0.3."""
     from initadvisor.core.causal import coarser
-    from initadvisor.core.ops import _FIELD_DRAWS, _FIELD_GROUPS
+    from initadvisor.core.ops import _FIELD_DRAWS, _FIELD_GROUPS, _FIELD_NEGLIGIBLE
     from initadvisor.core.softmax_rows import field_rows_y2
 
     T = C.shape[0]
@@ -276,7 +276,7 @@ def _ref_field_factor(C, s):
         spread = tr[ends - 1] / ends - (np.diag(S)[ends - 1] - tr[ends - 1]) / (ends * np.maximum(ends - 1.0, 1.0))
         c = s[ends - 1] ** 2 / spread
     ok = (ends > 1) & np.isfinite(c) & (c > 0)
-    y, ref = field_rows_y2(min(float(np.median(c[ok])), 1e6), n, F, own, _FIELD_DRAWS)
+    y, ref = field_rows_y2(min(float(np.median(c[ok])), 1e6), n, F, own, _FIELD_DRAWS, _FIELD_NEGLIGIBLE)
     f = np.where(ok & (ref > 0), y / ref, 1.0)
     return np.interp(np.log(m), np.log(np.r_[1.0, ends]), np.r_[1.0, f])
 

@@ -311,8 +311,8 @@ def _positional(n, p_near, p_far, within):
 def test_field_rows_against_sampled_rows(c, layout, structure):
     """Rows whose keys' scores correlate as positional keys do (groups of alike keys, far groups less alike) against
     60000 sampled Gaussian rows of that covariance: every prefix's E[Y2] within 4 standard errors + 0.5% (the 1024
-    QMC draws' and the node tables' error), where i.i.d. rows of the same spread (the second result) are up to 40%
-    off. Planting the field's draws at twice their spread, the one-key groups' moved variance left in the field, or the
+    QMC draws' and the node tables' error), where i.i.d. rows of the same spread (the second result) are 13% low to 36%
+    high. Planting the field's draws at twice their spread, the one-key groups' moved variance left in the field, or the
     groups' own parts dropped fails."""
     n = np.array(layout, dtype=float)
     F, own = _positional(n, *structure)

@@ -443,7 +443,14 @@ FIELD = Path(__file__).with_name("softmax_field.npz")
 FIELD_DRAWS, FIELD_DIMS = 1024, 48  # the shipped field draws: scrambled Sobol normals (48 groups: T to 1e7 on
 # Attention._field_factor's groups)
 _FIELD_MAX = 60.0  # the largest field or own score std field_rows_y2 takes (twice the row tables' range)
-_FIELD_H = 1.0  # the structured rows' step in ln t (trapezoid on Gaussian-smoothed bumps of width >= 1: 5e-5)
+_FIELD_H = 1.0  # the structured rows' least step in ln t (trapezoid on bumps of width 1: 4e-3 at worst, 1e-5 for std 1)
+
+
+def _field_step(sig: np.ndarray, m: float) -> float:
+    """The ln t step of rows of up to m keys whose own scores have stds sig: a key's functions are Gaussian smoothings
+    of width sig, and a product of m of them turns over within sig / sqrt(2 ln m) (the scale of the largest of m
+    scores), so a step of half that (and _FIELD_H at least): the i.i.d. rows of std 4-50 within 0.2% of row_moments."""
+    return max(_FIELD_H, float(np.min(sig)) / (2.0 * max(1.0, math.sqrt(2.0 * math.log(max(m, 1.0))))))
 
 
 def build_field_table(path: Path = FIELD) -> None:
@@ -551,9 +558,10 @@ def _prefix_rows(n: np.ndarray, a: np.ndarray, sig: np.ndarray) -> np.ndarray:
     D, G = a.shape
     big = np.logaddexp.accumulate(np.log(n) + a + 4.5 * sig, axis=1)
     small = np.maximum.accumulate(a - 4.5 * sig, axis=1)
-    left = np.floor((-big.max(axis=1) - 12.5) / _FIELD_H) * _FIELD_H  # on one lattice in ln t with _iid_rows
-    nw = int(math.ceil(float((3.6 - small.min(axis=1) - left).max()) / _FIELD_H)) + 1
-    w = left[:, None] + _FIELD_H * np.arange(nw)  # (D, nw)
+    h = _field_step(sig, float(n.sum()))
+    left = np.floor((-big.max(axis=1) - 12.5) / h) * h  # on one lattice in ln t with _iid_rows
+    nw = int(math.ceil(float((3.6 - small.min(axis=1) - left).max()) / h)) + 1
+    w = left[:, None] + h * np.arange(nw)  # (D, nw)
     S = np.zeros((D, nw))
     num = np.zeros((D, nw))
     out = np.empty(G)
@@ -564,24 +572,23 @@ def _prefix_rows(n: np.ndarray, a: np.ndarray, sig: np.ndarray) -> np.ndarray:
         S += n[g] * eu
         num += n[g] * ev
         out[g] = float((np.exp(-S) * num).sum())
-    return np.minimum(out * _FIELD_H / D, 1.0)
+    return np.minimum(out * h / D, 1.0)
 
 
 def _iid_rows(m: np.ndarray, sig: np.ndarray) -> np.ndarray:
     """E[Y2] of rows of m[r] i.i.d. keys of score std sig[r] by _prefix_rows' quadrature (each row on its own ln t
     grid), so that exchangeable keys give _prefix_rows' own numbers."""
-    left = np.floor((-(np.log(m) + 4.5 * sig) - 12.5) / _FIELD_H) * _FIELD_H
-    nw = int(math.ceil(float((3.6 + 4.5 * sig - left).max()) / _FIELD_H)) + 1  # (a row's own right end, or past it)
-    w = left[:, None] + _FIELD_H * np.arange(nw)
-    tabs = [_field_functions(float(s), float(r[0]), float(r[-1])) for s, r in zip(sig, w)]
-    width = max(t[0].size for t in tabs)
-    U = np.stack([np.pad(t[0], (0, width - t[0].size), mode="edge") for t in tabs])
-    V = np.stack([np.pad(t[1], (0, width - t[1].size), mode="edge") for t in tabs])
-    eu, ev = _on_fine(U, V, np.array([t[2] for t in tabs])[:, None], w)
-    return np.minimum((np.exp(-m[:, None] * eu) * m[:, None] * ev).sum(axis=1) * _FIELD_H, 1.0)
+    h = _field_step(sig[m > 1], float(m.max())) if np.any(m > 1) else _FIELD_H
+    left = np.floor((-(np.log(m) + 4.5 * sig) - 12.5) / h) * h
+    nw = int(math.ceil(float((3.6 + 4.5 * sig - left).max()) / h)) + 1  # (a row's own right end, or past it)
+    w = left[:, None] + h * np.arange(nw)
+    tabs = [_field_functions(float(s), float(w.min()), float(w.max())) for s in sig]  # one range: equal lengths
+    U, V = np.stack([t[0] for t in tabs]), np.stack([t[1] for t in tabs])
+    eu, ev = _on_fine(U, V, tabs[0][2], w)
+    return np.minimum((np.exp(-m[:, None] * eu) * m[:, None] * ev).sum(axis=1) * h, 1.0)
 
 
-def field_rows_y2(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, draws: int = FIELD_DRAWS
+def field_rows_y2(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, draws=FIELD_DRAWS, negligible: float = 0.0
                   ) -> tuple[np.ndarray, np.ndarray]:
     """E[Y2] of the rows over key groups 0..r, for every r, and of i.i.d. rows of each one's spread (the same
     quadrature, so that their ratio is exactly 1 for exchangeable keys): a key of group g (n[g] keys) scores
@@ -590,7 +597,8 @@ def field_rows_y2(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, draws
     the keys' product over groups, int t^2 sum psi_2 / phi prod phi d ln t at each key's shift (every prefix at once:
     cumulative sums); the field is drawn (the first `draws` of the shipped QMC normals, in its principal
     directions). One-key groups' variance unique of the rest moves to their own parts first (_own_variances): less
-    to draw."""
+    to draw. `draws` may be increasing counts tried in turn: after each, where no row is `negligible` (relative) off
+    the i.i.d. rows, they are the answer (both results i.i.d.)."""
     n = np.asarray(n, dtype=float)
     own = np.asarray(own, dtype=float)
     G = n.size
@@ -612,12 +620,17 @@ def field_rows_y2(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, draws
                                        0.0))
     if not (c * ev[0] <= _FIELD_MAX**2 and max(sig.max(), s_iid.max()) <= _FIELD_MAX):  # all but one-hot, or unresolved
         return np.ones(G), np.ones(G)
-    if c * ev[0] < 1e-8:  # no field left: one draw at f = 0
-        a = np.zeros((1, G))
-    else:
-        z = _field_normals()[:draws]
-        if G > z.shape[1]:  # beyond the table's dimensions, pseudo-random normals (the smallest directions)
-            z = np.concatenate([z, np.random.default_rng(G).standard_normal((z.shape[0], G - z.shape[1]))], axis=1)
-        a = (z[:, :G] * np.sqrt(c * ev)) @ vec.T
-    iid = _iid_rows(m, s_iid)
-    return np.where(m > 1, _prefix_rows(n, a, sig), 1.0), np.where(m > 1, iid, 1.0)
+    iid = np.where(m > 1, _iid_rows(m, s_iid), 1.0)
+    y = iid
+    for d in np.atleast_1d(draws):
+        if c * ev[0] < 1e-8:  # no field left: one draw at f = 0
+            a = np.zeros((1, G))
+        else:
+            z = _field_normals()[:int(d)]
+            if G > z.shape[1]:  # beyond the table's dimensions, pseudo-random normals (the smallest directions)
+                z = np.concatenate([z, np.random.default_rng(G).standard_normal((z.shape[0], G - z.shape[1]))], axis=1)
+            a = (z[:, :G] * np.sqrt(c * ev)) @ vec.T
+        y = np.where(m > 1, _prefix_rows(n, a, sig), 1.0)
+        if not np.max(np.abs(y / iid - 1.0)) >= negligible:
+            return iid, iid
+    return y, iid
