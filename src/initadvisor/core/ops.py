@@ -32,7 +32,7 @@ from initadvisor.core import distances as dz
 from initadvisor.core import gradients as gr
 from initadvisor.core import kernels, routing
 from initadvisor.core.repeats import SIGMA_MAX, at_lengths, query_token_share, token_rows
-from initadvisor.core.softmax_rows import expected_y, field_rows_y2, key_shares, power_sums
+from initadvisor.core.softmax_rows import expected_y, field_rows_y2, key_shares, power_sums, prefix_spread
 from initadvisor.core.sorting import median, unique
 
 GATED = {"swiglu": "silu", "geglu": "gelu"}  # gated MLP -> the activation of its gate
@@ -850,10 +850,8 @@ class Attention:
         F[np.diag_indices(len(n))] = np.where(single, q, np.diag(F))
         m = np.cumsum(n)
         last = M.shape[1] - 1 - np.argmax(M[:, ::-1] > 0, axis=1)  # each coarser group's last group
-        tot = np.cumsum(np.cumsum(F * np.multiply.outer(n, n), axis=0), axis=1).diagonal() + np.cumsum(n * own)
-        trace = np.cumsum(n * q)
         with np.errstate(invalid="ignore", divide="ignore"):
-            c = s[last] ** 2 / (trace / m - (tot - trace) / (m * np.maximum(m - 1.0, 1.0)))
+            c = s[last] ** 2 / prefix_spread(n, F, own)
         ok = (m > 1) & np.isfinite(c) & (c > 0)
         if not ok.any() or not np.all(np.isfinite(F)):
             return 1.0

@@ -588,6 +588,17 @@ def _iid_rows(m: np.ndarray, sig: np.ndarray) -> np.ndarray:
     return np.minimum((np.exp(-m[:, None] * eu) * m[:, None] * ev).sum(axis=1) * h, 1.0)
 
 
+def prefix_spread(n: np.ndarray, F: np.ndarray, own: np.ndarray) -> np.ndarray:
+    """Per prefix of key groups 0..r: its keys' mean centred variance, mean q less the mean overlap of two distinct
+    keys (tr J K J / (m - 1)), for keys of groups n with overlaps F (F[g, g]: two of group g's keys) and own parts own
+    (a key's q: F[g, g] + own[g]); 0 for one key."""
+    n = np.asarray(n, dtype=float)
+    m = np.cumsum(n)
+    tot = np.cumsum(np.cumsum(F * np.multiply.outer(n, n), axis=0), axis=1).diagonal() + np.cumsum(n * own)
+    trace = np.cumsum(n * (np.diag(F) + own))
+    return np.where(m > 1, trace / m - (tot - trace) / (m * np.maximum(m - 1.0, 1.0)), 0.0)
+
+
 def field_rows_y2(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, draws=FIELD_DRAWS, negligible: float = 0.0
                   ) -> tuple[np.ndarray, np.ndarray]:
     """E[Y2] of the rows over key groups 0..r, for every r, and of i.i.d. rows of each one's spread (the same
@@ -612,12 +623,7 @@ def field_rows_y2(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, draws
     ev, vec = np.maximum(ev[order], 0.0), vec[:, order]
     vec = vec * np.sign(vec[np.argmax(np.abs(vec), axis=0), np.arange(G)])  # one sign per direction, whatever eigh's
     sig = np.sqrt(c * np.maximum(own + moved, 0.0))
-    # i.i.d. rows: each prefix's keys at its mean centred variance (trace of J K J over m - 1)
-    tot = np.cumsum(np.cumsum(F * np.multiply.outer(n, n), axis=0), axis=1).diagonal() + np.cumsum(n * own)
-    trace = np.cumsum(n * (np.diag(F) + own))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        s_iid = np.sqrt(c * np.maximum(np.where(m > 1, trace / m - (tot - trace) / (m * np.maximum(m - 1.0, 1.0)), 0.0),
-                                       0.0))
+    s_iid = np.sqrt(c * np.maximum(prefix_spread(n, F, own), 0.0))  # i.i.d. rows of each prefix's spread
     if not (c * ev[0] <= _FIELD_MAX**2 and max(sig.max(), s_iid.max()) <= _FIELD_MAX):  # all but one-hot, or unresolved
         return np.ones(G), np.ones(G)
     iid = np.where(m > 1, _iid_rows(m, s_iid), 1.0)
