@@ -849,7 +849,7 @@ class Attention:
         own = np.where(single, 0.0, np.maximum(q - np.diag(F), 0.0))
         F[np.diag_indices(len(n))] = np.where(single, q, np.diag(F))
         m = np.cumsum(n)
-        last = M.shape[1] - 1 - np.argmax(M[:, ::-1] > 0, axis=1)  # each coarser group's last group
+        last = np.searchsorted(G.edges[1:], m)  # each coarser group's last group
         with np.errstate(invalid="ignore", divide="ignore"):
             c = s[last] ** 2 / prefix_spread(n, F, own)
         ok = (m > 1) & np.isfinite(c) & (c > 0)

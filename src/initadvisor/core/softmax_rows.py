@@ -539,15 +539,17 @@ def _own_variances(Fc: np.ndarray, J: np.ndarray, single: np.ndarray) -> np.ndar
 
 
 def _on_fine(U: np.ndarray, V: np.ndarray, y0: float, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """e^U and e^V at y, linear in U and V between the fine points (held beyond the tables)."""
-    x = np.clip((y - y0) * _FINE, 0.0, U.shape[-1] - 1.0)
-    i = np.minimum(x.astype(np.int64), U.shape[-1] - 2)
+    """e^U and e^V at y, linear in U and V between the fine points (held beyond the tables); tables of several rows
+    (2-D) are read row by row with y's rows."""
+    width = U.shape[-1]
+    x = np.clip((y - y0) * _FINE, 0.0, width - 1.0)
+    i = np.minimum(x.astype(np.int64), width - 2)
     f = x - i
-    u = np.take_along_axis(U, i, -1) if U.ndim > 1 else U[i]
-    u1 = np.take_along_axis(U, i + 1, -1) if U.ndim > 1 else U[i + 1]
-    v = np.take_along_axis(V, i, -1) if V.ndim > 1 else V[i]
-    v1 = np.take_along_axis(V, i + 1, -1) if V.ndim > 1 else V[i + 1]
-    return np.exp(np.minimum(u + (u1 - u) * f, 600.0)), np.exp(np.minimum(v + (v1 - v) * f, 600.0))
+    if U.ndim > 1:
+        i = i + width * np.arange(U.shape[0])[:, None]
+    U, V = U.ravel(), V.ravel()
+    return (np.exp(np.minimum(U[i] + (U[i + 1] - U[i]) * f, 600.0)),
+            np.exp(np.minimum(V[i] + (V[i + 1] - V[i]) * f, 600.0)))
 
 
 def _prefix_rows(n: np.ndarray, a: np.ndarray, sig: np.ndarray) -> np.ndarray:
