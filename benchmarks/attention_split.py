@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from phase_fidelity import spec_for  # noqa: E402
+from phase_fidelity import parse_cells, spec_for  # noqa: E402
 from teacher_forced import bands_of  # noqa: E402
 
 
@@ -80,7 +80,12 @@ def measure(net, blocks: list[int], sequences: int, d: int) -> dict[str, np.ndar
     return {k: v / sequences for k, v in out.items()}
 
 
-def main() -> None:
+def _bad(message: str) -> int:
+    print(f"attention_split: bad arguments: {message}", file=sys.stderr)
+    return 2
+
+
+def main() -> int:
     from initadvisor.core import causal as cz
     from initadvisor.core.softmax_rows import expected_overlap
     from initadvisor.spec import build_spec
@@ -93,10 +98,17 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=50)
     ap.add_argument("--d", type=int, default=720)
     args = ap.parse_args()
-    norm, ratio, T = args.cell.split(":")
-    T = int(T)
-    blocks = [int(b) for b in args.blocks.split(",")]
-    net = from_spec(build_spec(spec_for(norm, float(ratio), T, True, args.layers, args.d)))
+    try:
+        (norm, ratio, T, _), = parse_cells(args.cell + ":causal")
+    except ValueError:
+        return _bad(f"cell {args.cell!r}: expected norm:ratio:T, norm post or pre, T in 2-4096")
+    try:
+        blocks = [int(b) for b in args.blocks.split(",")]
+    except ValueError:
+        return _bad(f"--blocks {args.blocks!r}: expected integers")
+    if args.sequences < 1 or args.d < 1 or not all(0 <= b < args.layers for b in blocks) or len(set(blocks)) < len(blocks):
+        return _bad(f"--sequences and --d at least 1, --blocks distinct within 0-{args.layers - 1}")
+    net = from_spec(build_spec(spec_for(norm, ratio, T, True, args.layers, args.d)))
     M = measure(net, blocks, args.sequences, args.d)
     G = cz._grid(T, T, 1.1)
     BANDS = bands_of(T)
@@ -153,6 +165,7 @@ def main() -> None:
                     cells.append(f"[{a0}:{a1}]x[{b0}:{b1}] {engine[sel].mean():.4f}/{exact[sel].mean():.4f}/"
                                  f"{M['Y'][b][sel].mean():.4f}")
             print("    " + "  ".join(cells))
+    return 0
 
 
 if __name__ == "__main__":
