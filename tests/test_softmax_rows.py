@@ -347,3 +347,22 @@ def test_field_rows_exchangeable_keys_are_iid(s, layout):
     m = np.cumsum(n)
     np.testing.assert_allclose(y[1:], row_moments(s, m[1:], ks=(2,))[2], rtol=5e-3)
     np.testing.assert_allclose(y / iid, 1.0, atol=1e-4)
+
+
+@pytest.mark.parametrize("c", [0.05, 0.3, 1.0, 20.0])
+def test_field_rows_pilot_draws(c):
+    """Draws tried in turn (Attention._field_factor's 32, then 256): where the 256-draw rows are more than 0.3% off the
+    i.i.d. ones (c 1 and 20: 0.7% and 26%) the pilot gives the 256-draw answer exactly; where they are within 0.23%
+    (c 0.05, 0.3) both results are the i.i.d. rows exactly, which the 256 draws' stay within 0.3% of. Always i.i.d.
+    fails the first, never stopping after the pilot the second."""
+    n = np.array([1] * 4 + [2, 4, 8, 16, 32], dtype=float)
+    F, own = _positional(n, 0.9, 0.3, 0.95)
+    full, iid = field_rows_y2(c, n, F, own, 256)
+    y, ref = field_rows_y2(c, n, F, own, (32, 256), 0.003)
+    np.testing.assert_array_equal(ref, iid)
+    if np.max(np.abs(full / iid - 1.0)) > 0.003:
+        np.testing.assert_array_equal(y, full)
+    else:
+        np.testing.assert_array_equal(y, iid)
+        assert np.max(np.abs(full / iid - 1.0)) < 0.003
+    assert (np.max(np.abs(full / iid - 1.0)) > 0.003) == (c >= 1.0)
