@@ -15,7 +15,10 @@ output). Printed per block, by bands of positions 0-3, 4-31, 32-127, 128-T:
   zeroed), cross-row part, engine / network;
 - two rows' overlap sum_s A_ts A_t's by bands of (earlier row, later row): the engine's (its annealed law, the rows'
   `shared` + 1 / max(t, t')), the exact pair law at the earlier row's keys times m_t / m_t'
-  (softmax_rows.expected_overlap at the rows' query correlation), the network's.
+  (softmax_rows.expected_overlap at the rows' query correlation), the network's;
+- the forward: each operation's output overlaps (its `causal` map from the network's input Gram) less the network's,
+  by pairs of bands, beside the network's own change; and how much of each row band's attention goes to each band of
+  keys (E[A], the engine's key shares), engine against network.
 Full position resolution (T <= 512 is practical). Asserts nothing.
 """
 
@@ -42,7 +45,7 @@ def measure(net, blocks: list[int], sequences: int, d: int) -> dict[str, np.ndar
         raise SystemExit("not paper 001's encoder: the first operation is not attention's residual")
     T, nops, nb = net.embeddings.seq_len, len(ops0), len(blocks)
     out = {k: np.zeros((nb, nops + 1, T, T)) for k in ("C", "D")}
-    out.update({k: np.zeros((nb, T, T)) for k in ("Y", "Do")} | {k: np.zeros((nb, T)) for k in ("own", "value")})
+    out.update({k: np.zeros((nb, T, T)) for k in ("Y", "Do", "EA")} | {k: np.zeros((nb, T)) for k in ("own", "value")})
     at = {k: i for i, k in enumerate(blocks)}
     for s in range(sequences):
         rng = np.random.default_rng([9, s])
@@ -76,8 +79,43 @@ def measure(net, blocks: list[int], sequences: int, d: int) -> dict[str, np.ndar
             out["own"][b] += (A * A).T @ ((do * do).sum(-1) / d)
             out["value"][b] += (dv * dv).sum(-1) / d
             out["Y"][b] += A @ A.T
+            out["EA"][b] += A
             out["Do"][b] += do @ do.T / d
     return {k: v / sequences for k, v in out.items()}
+
+
+def state(X):
+    """The full-resolution causal state (every position its own group) of a Gram X."""
+    from initadvisor.core import causal as cz
+
+    P = X.copy()
+    np.fill_diagonal(P, 0.0)
+    return cz.State(np.diag(X).copy(), P)
+
+
+def band_pairs(X, bands) -> np.ndarray:
+    """(bands, bands): the mean of X over position pairs s < s' with s in band i and s' in band j (nan for none)."""
+    T = X.shape[0]
+    t = np.arange(T)
+    out = np.full((len(bands), len(bands)), np.nan)
+    for i, (a0, a1) in enumerate(bands):
+        for j, (b0, b1) in enumerate(bands):
+            sel = np.zeros((T, T), dtype=bool)
+            sel[a0:a1, b0:b1] = True
+            sel &= t[:, None] < t[None, :]
+            if sel.any():
+                out[i, j] = X[sel].mean()
+    return out
+
+
+def forward_errors(ops, C, bands) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per operation of one block: (the engine's output overlap from the network's input Gram less the network's
+    output Gram, the network's own change), each by band pair (band_pairs)."""
+    from initadvisor.core import causal as cz
+
+    G = cz._grid(C.shape[-1], C.shape[-1], 1.1)
+    return [(band_pairs(op.causal(G, state(C[j]))[0].P - C[j + 1], bands), band_pairs(C[j + 1] - C[j], bands))
+            for j, op in enumerate(ops)]
 
 
 def _bad(message: str) -> int:
@@ -116,11 +154,6 @@ def main() -> int:
     m = t + 1.0
     off = ~np.eye(T, dtype=bool)
 
-    def state(X):
-        P = X.copy()
-        np.fill_diagonal(P, 0.0)
-        return cz.State(np.diag(X).copy(), P)
-
     def band(x):
         return np.array([x[a:b].mean() for a, b in BANDS])
 
@@ -140,6 +173,15 @@ def main() -> int:
                   + " ".join(f"{e / n - 1:+.2%}" for e, n in zip(band(back.qf), band(ref))))
             if j == 0:
                 rows = cache[1][0][0]
+        print("  forward, engine - network / the network's change (x1000), pairs by band (earlier band x later band):")
+        for j, (err, change) in enumerate(forward_errors(net.blocks[k], C, BANDS)):
+            print(f"    {names[j]:9s} " + "  ".join(f"{1000 * e:+.2f}/{1000 * c:.2f}" for e, c in
+                                               zip(err[np.triu_indices(len(BANDS))], change[np.triu_indices(len(BANDS))])))
+        ea = rows.shares[0] / m[:, None] if rows.shares is not None else np.tril(np.ones((T, T))) / m[:, None]
+        print("  E[A] on each band of keys (rows' band: keys' bands), engine / network")
+        for a0, a1 in BANDS:
+            print(f"    [{a0}:{a1}] " + " ".join(f"{np.tril(ea)[a0:a1, b0:b1].sum(1).mean():.3f}/"
+                                          f"{M['EA'][b][a0:a1, b0:b1].sum(1).mean():.3f}" for b0, b1 in BANDS))
         gS = state(M["Do"][b])
         share = None if rows.shares is None else rows.shares[1]
         whole = cz.mix_backward_rows(G, gS, rows.y2, 0.0, rows.shared, share)

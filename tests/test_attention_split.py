@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from attention_split import measure  # noqa: E402
+from attention_split import forward_errors, measure  # noqa: E402
 from phase_fidelity import spec_for  # noqa: E402
 
 
@@ -17,7 +17,9 @@ def test_value_path_and_overlap_match_the_engine_in_the_uniform_phase():
     4-15) the engine's value path (causal.mix_backward_rows on the measured attention input and output gradient) and
     its rows' overlap (`shared` + 1 / max(t, t'), the IPR on the diagonal) within 5% of the measured means (found
     within 1.2%; 2.9% at d 192). Planted in the benchmark, A in place of A^T (46% off), a dropped 1 / d (128x) and
-    A^T A in place of A A^T fail."""
+    A^T A in place of A A^T fail. The forward (`forward_errors`): every operation's output overlaps, per pair of bands,
+    within 10% of the network's change + 0.002 (found within 3% + 0.0016, the norms' 1 / d); planting the input's Gram
+    for the output's, or the value gain squared in the attention's uniform part, fails."""
     from initadvisor.core import causal as cz
     from initadvisor.spec import build_spec
     from initadvisor.stack import from_spec
@@ -42,3 +44,7 @@ def test_value_path_and_overlap_match_the_engine_in_the_uniform_phase():
         for lo, hi in ((0, 4), (4, T)):
             assert abs(value[lo:hi].mean() / M["value"][b][lo:hi].mean() - 1.0) < 0.05, (k, lo)
             assert abs(Y[lo:hi, lo:hi].mean() / M["Y"][b][lo:hi, lo:hi].mean() - 1.0) < 0.05, (k, lo)
+        # the forward: every operation's output overlaps from the network's input Gram, per pair of bands
+        for j, (err, change) in enumerate(forward_errors(net.blocks[k], M["C"][b], [(0, 4), (4, T)])):
+            iu = np.triu_indices(2)
+            assert np.all(np.abs(err[iu]) <= 0.1 * np.abs(change[iu]) + 0.002), (k, j, err, change)
