@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from attention_split import forward_errors, measure  # noqa: E402
+from attention_split import forward_errors, measure, state  # noqa: E402
 from phase_fidelity import spec_for  # noqa: E402
 
 
@@ -29,11 +29,6 @@ def test_value_path_and_overlap_match_the_engine_in_the_uniform_phase():
     M = measure(net, [1, 2], 256, d)
     G = cz._grid(T, T, 1.1)
     t = np.arange(T)
-
-    def state(X):
-        P = X.copy()
-        np.fill_diagonal(P, 0.0)
-        return cz.State(np.diag(X).copy(), P)
 
     for b, k in enumerate((1, 2)):
         rows = net.blocks[k][0].causal(G, state(M["C"][b, 0]))[1][1][0][0]
