@@ -4,7 +4,7 @@ against batched_grid.py's saved per-seed moments (rho and the IPR; the gradient 
 still reads the engine's own rows).
 
 Usage: OPENBLAS_NUM_THREADS=1 python benchmarks/attention_law.py FILE.npz [...] [--draws 32] [--layers 50] [--d 720]
-                                                                            [--every 3]
+                                                                            [--every 3] [--walk]
 
 The rows: the state's overlaps at full resolution C (T x T, every group's mean pair), scores S = g L Z L^T (L L^T =
 C, Z i.i.d. N(0, 1), g^2 the query and key gains' product), so that Cov(S_tk, S_t'k') = g^2 C_tt' C_kk', as fresh
@@ -14,7 +14,9 @@ the engine's state holds them. On the network's own states at 2.5 beta_c, T 512 
 these rows give each block's attention half within 1.6 per 1000 of the network's by pair of position bands, where
 the engine's laws are up to 7.5 off. Paper 001's encoder only (no biases on Q, K, V, no rotary or QK norm, no
 attention dropout); at T 512 about 0.7 s a layer at 32 draws. Prints per cell the largest error over the layers of
-rho and the IPR, engine and exact rows, and every `--every`-th layer's values. Asserts nothing.
+rho and the IPR, engine and exact rows, and every `--every`-th layer's values. --walk: the exact rows' rho and IPR
+also moved by the pair engine's walk shift (walk.mean_shift: what the sequences' spread at width d does to the
+means, which the position-resolved engine does not carry), as a third column. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -85,7 +87,9 @@ def exact_rows(draws: int, seed: int = 0):
 
 
 def main() -> int:
+    from initadvisor.core.model import propagate
     from initadvisor.spec import build_spec
+    from initadvisor.stack import from_spec
     from initadvisor.verification import compare, pool_seeds, theory_of
 
     ap = argparse.ArgumentParser()
@@ -94,6 +98,7 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=50)
     ap.add_argument("--d", type=int, default=720)
     ap.add_argument("--every", type=int, default=3)
+    ap.add_argument("--walk", action="store_true")
     args = ap.parse_args()
     if args.draws < 1 or args.layers < 1 or args.d < 2 or args.every < 1:
         print("attention_law: bad arguments: --draws, --layers, --every at least 1, --d at least 2", file=sys.stderr)
@@ -112,22 +117,29 @@ def main() -> int:
                              "grad_p": saved[f"{key}/gp"][i], "y2": saved[f"{key}/y2"][i]}
                             for i in range(len(saved[f"{key}/q"]))])
             reps = {}
-            for name in ("engine", "exact rows"):
-                if name == "engine":
-                    trace, resolved = theory_of(spec)
-                else:
-                    with exact_rows(args.draws):
-                        trace, resolved = theory_of(spec)
-                reps[name] = compare(spec, trace, m, theory=resolved)["layers"]
+            trace, resolved = theory_of(spec)
+            reps["engine"] = compare(spec, trace, m, theory=resolved)["layers"]
+            with exact_rows(args.draws):
+                trace, resolved = theory_of(spec)
+            reps["exact rows"] = compare(spec, trace, m, theory=resolved)["layers"]
+            if args.walk:  # the pair engine's means over sequences less its mean field: rho's shift, the IPR's
+                net = from_spec(spec)
+                means, field = propagate(net, backward=False, means=True), propagate(net, backward=False)
+                shifted = dict(resolved, rho=resolved["rho"] + means.rho - field.rho,
+                               ipr=resolved["ipr"] + means.y2 - field.y2)
+                reps["+ walk"] = compare(spec, trace, m, theory=shifted)["layers"]
             print(f"{key}, {m['seeds']} seeds, {args.draws} draws: largest error (rho, IPR) "
                   + "; ".join(f"{name} {worst(r, 'rho')[0]:.3f} @{worst(r, 'rho')[1]}, "
                               f"{100 * worst(r, 'ipr')[0]:.1f}% @{worst(r, 'ipr')[1]}" for name, r in reps.items()))
+            names = " / ".join(reps)
             for i in range(0, args.layers + 1, args.every):
-                e, x = reps["engine"][i], reps["exact rows"][i]
-                line = f"  {i:3d} rho {e['rho']['theory']:.4f} / {x['rho']['theory']:.4f} / {e['rho']['measured']:.4f}"
-                if "ipr" in e:
-                    line += f"  IPR {e['ipr']['theory']:.4g} / {x['ipr']['theory']:.4g} / {e['ipr']['measured']:.4g}"
-                print(line + "  (engine / exact rows / network)")
+                rows = [r[i] for r in reps.values()]
+                line = f"  {i:3d} rho " + " / ".join(f"{r['rho']['theory']:.4f}" for r in rows)
+                line += f" / {rows[0]['rho']['measured']:.4f}"
+                if "ipr" in rows[0]:
+                    line += "  IPR " + " / ".join(f"{r['ipr']['theory']:.4g}" for r in rows)
+                    line += f" / {rows[0]['ipr']['measured']:.4g}"
+                print(line + f"  ({names} / network)")
     return 0
 
 
