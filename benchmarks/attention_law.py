@@ -112,10 +112,14 @@ def main() -> int:
             return 2
         for key in sorted({k.split("/")[0] for k in saved if k.endswith(":causal/q")}):
             norm, ratio, T, _ = key.split(":")
+            x = [saved.get(f"{key}/{k}") for k in ("q", "p", "gq", "gp", "y2")]
+            if any(v is None or v.ndim != 2 or len(v) != len(x[0]) or v.shape[1] != args.layers + (k < 4)
+                   for k, v in enumerate(x)):
+                print(f"attention_law: {f}: cell {key}: not batched_grid.py's per-seed moments at --layers "
+                      f"{args.layers}", file=sys.stderr)
+                return 2
             spec = build_spec(spec_for(norm, float(ratio), int(T), True, args.layers, args.d))
-            m = pool_seeds([{"q": saved[f"{key}/q"][i], "p": saved[f"{key}/p"][i], "grad_q": saved[f"{key}/gq"][i],
-                             "grad_p": saved[f"{key}/gp"][i], "y2": saved[f"{key}/y2"][i]}
-                            for i in range(len(saved[f"{key}/q"]))])
+            m = pool_seeds([dict(zip(("q", "p", "grad_q", "grad_p", "y2"), (v[i] for v in x))) for i in range(len(x[0]))])
             reps = {}
             trace, resolved = theory_of(spec)
             reps["engine"] = compare(spec, trace, m, theory=resolved)["layers"]
