@@ -73,9 +73,14 @@ def _gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
+def _silu_derivative(x):
+    s = _sigmoid(x)
+    return s * (1 + x * (1 - s))
+
+
 PHI = {
     "tanh": (np.tanh, lambda x: 1 - np.tanh(x) ** 2),
-    "silu": (lambda x: x * _sigmoid(x), lambda x: _sigmoid(x) * (1 + x * (1 - _sigmoid(x)))),
+    "silu": (lambda x: x * _sigmoid(x), _silu_derivative),
     "gelu": (lambda x: 0.5 * x * (1 + _erf(x / SQRT2)),
              lambda x: 0.5 * (1 + _erf(x / SQRT2)) + x * np.exp(-x * x / 2) / math.sqrt(2 * np.pi)),
 }
@@ -118,7 +123,7 @@ def quadrature(f, q, p, n: int = 40):
     kq = fu**2 @ w
     c = np.sqrt(1 - r * r)[..., None, None]
     v = s[..., None] * (r[..., None, None] * z[:, None] + c * z[None, :])  # (..., n, n)
-    kp = np.einsum("...i,...ij,i,j->...", fu, f(v), w, w)
+    kp = ((fu * w)[..., None, :] @ f(v) @ w[:, None])[..., 0, 0]  # sum_ij w_i w_j f(u_i) f(v_ij)
     return kq, kp
 
 
