@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attention_forced import group_state  # noqa: E402
 from phase_fidelity import spec_for, worst  # noqa: E402
 
 
@@ -50,17 +51,6 @@ def law_rows(C: np.ndarray, g: float, g_v: float, draws: int, rng) -> tuple[np.n
     return g_v * out / draws, y2 / draws
 
 
-def group_means(G, X: np.ndarray) -> np.ndarray:
-    """(K, K): X's mean over each pair of position groups, distinct positions only (0 for a one-position group)."""
-    K = len(G.n)
-    S = np.zeros((K, K))
-    np.add.at(S, (G.gid[:, None], G.gid[None, :]), X)
-    S -= np.diag(np.bincount(G.gid, np.diag(X), K))
-    pairs = np.multiply.outer(G.n, G.n)
-    pairs[np.diag_indices(K)] = G.n * (G.n - 1.0)
-    return np.where(pairs > 0, S / np.maximum(pairs, 1.0), 0.0)
-
-
 @contextmanager
 def exact_rows(draws: int, seed: int = 0):
     """Within: Attention.causal's output overlaps (and its rows' IPR) are law_rows' at the state it is given."""
@@ -77,7 +67,7 @@ def exact_rows(draws: int, seed: int = 0):
         C = S.P[G.gid][:, G.gid]
         np.fill_diagonal(C, S.qf)
         out, y2 = law_rows(C, float(np.sqrt(P.g_q * P.g_k)), float(P.g_v), draws, rng)
-        return dataclasses.replace(O, qf=np.diag(out).copy(), P=group_means(G, out)), dataclasses.replace(rows, y2=y2)
+        return dataclasses.replace(O, qf=np.diag(out).copy(), P=group_state(G, out).P), dataclasses.replace(rows, y2=y2)
 
     Attention.causal = causal
     try:
@@ -119,7 +109,8 @@ def main() -> int:
                       f"{args.layers}", file=sys.stderr)
                 return 2
             spec = build_spec(spec_for(norm, float(ratio), int(T), True, args.layers, args.d))
-            m = pool_seeds([dict(zip(("q", "p", "grad_q", "grad_p", "y2"), (v[i] for v in x))) for i in range(len(x[0]))])
+            fields = ("q", "p", "grad_q", "grad_p", "y2")
+            m = pool_seeds([dict(zip(fields, (v[i] for v in x))) for i in range(len(x[0]))])
             reps = {}
             trace, resolved = theory_of(spec)
             reps["engine"] = compare(spec, trace, m, theory=resolved)["layers"]

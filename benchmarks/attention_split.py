@@ -32,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from phase_fidelity import parse_cells, spec_for  # noqa: E402
+from attention_forced import band_means, group_state  # noqa: E402
 from teacher_forced import bands_of  # noqa: E402
 
 
@@ -84,37 +85,14 @@ def measure(net, blocks: list[int], sequences: int, d: int) -> dict[str, np.ndar
     return {k: v / sequences for k, v in out.items()}
 
 
-def state(X):
-    """The full-resolution causal state (every position its own group) of a Gram X."""
-    from initadvisor.core import causal as cz
-
-    P = X.copy()
-    np.fill_diagonal(P, 0.0)
-    return cz.State(np.diag(X).copy(), P)
-
-
-def band_pairs(X, bands) -> np.ndarray:
-    """(bands, bands): the mean of X over position pairs s < s' with s in band i and s' in band j (nan for none)."""
-    T = X.shape[0]
-    t = np.arange(T)
-    out = np.full((len(bands), len(bands)), np.nan)
-    for i, (a0, a1) in enumerate(bands):
-        for j, (b0, b1) in enumerate(bands):
-            sel = np.zeros((T, T), dtype=bool)
-            sel[a0:a1, b0:b1] = True
-            sel &= t[:, None] < t[None, :]
-            if sel.any():
-                out[i, j] = X[sel].mean()
-    return out
-
-
 def forward_errors(ops, C, bands) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per operation of one block: (the engine's output overlap from the network's input Gram less the network's
-    output Gram, the network's own change), each by band pair (band_pairs)."""
+    output Gram, the network's own change), each by pair of bands (attention_forced.band_means)."""
     from initadvisor.core import causal as cz
 
     G = cz._grid(C.shape[-1], C.shape[-1], 1.1)
-    return [(band_pairs(op.causal(G, state(C[j]))[0].P - C[j + 1], bands), band_pairs(C[j + 1] - C[j], bands))
+    edges = [a for a, _ in bands] + [bands[-1][1]]
+    return [(band_means(op.causal(G, group_state(G, C[j]))[0].P - C[j + 1], edges), band_means(C[j + 1] - C[j], edges))
             for j, op in enumerate(ops)]
 
 
@@ -166,23 +144,24 @@ def main() -> int:
         C, D = M["C"][b], M["D"][b]
         print(f"block {k}: input rho {C[0][off].mean() / np.diag(C[0]).mean():.3f}")
         for j, op in enumerate(net.blocks[k]):
-            _, cache = op.causal(G, state(C[j]))
-            back = op.causal_backward(G, state(D[j + 1]), cache)
+            _, cache = op.causal(G, group_state(G, C[j]))
+            back = op.causal_backward(G, group_state(G, D[j + 1]), cache)
             ref = np.diag(D[j])
             print(f"  {names[j]:9s} gain {ref.mean() / np.diag(D[j + 1]).mean():.4f}, engine / network - 1 by band: "
                   + " ".join(f"{e / n - 1:+.2%}" for e, n in zip(band(back.qf), band(ref))))
             if j == 0:
                 rows = cache[1][0][0]
         print("  forward, engine - network / the network's change (x1000), pairs by band (earlier band x later band):")
+        upper = np.triu_indices(len(BANDS))
         for j, (err, change) in enumerate(forward_errors(net.blocks[k], C, BANDS)):
             print(f"    {names[j]:9s} " + "  ".join(f"{1000 * e:+.2f}/{1000 * c:.2f}" for e, c in
-                                               zip(err[np.triu_indices(len(BANDS))], change[np.triu_indices(len(BANDS))])))
+                                               zip(err[upper], change[upper])))
         ea = rows.shares[0] / m[:, None] if rows.shares is not None else np.tril(np.ones((T, T))) / m[:, None]
         print("  E[A] on each band of keys (rows' band: keys' bands), engine / network")
         for a0, a1 in BANDS:
             print(f"    [{a0}:{a1}] " + " ".join(f"{np.tril(ea)[a0:a1, b0:b1].sum(1).mean():.3f}/"
                                           f"{M['EA'][b][a0:a1, b0:b1].sum(1).mean():.3f}" for b0, b1 in BANDS))
-        gS = state(M["Do"][b])
+        gS = group_state(G, M["Do"][b])
         share = None if rows.shares is None else rows.shares[1]
         whole = cz.mix_backward_rows(G, gS, rows.y2, 0.0, rows.shared, share)
         own = cz.mix_backward_rows(G, cz.State(gS.qf, np.zeros_like(gS.P)), rows.y2, 0.0, rows.shared, share)

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from attention_law import exact_rows, group_means, law_rows  # noqa: E402
+from attention_forced import group_state  # noqa: E402
+from attention_law import exact_rows, law_rows  # noqa: E402
 from phase_fidelity import spec_for  # noqa: E402
 
 
@@ -57,7 +58,7 @@ def test_exact_rows_agree_with_the_engine_in_the_uniform_phase():
     O, rows = att.causal(G, S)
     with exact_rows(1600, seed=2):
         X, xrows = att.causal(G, S)
-    pairs = group_means(G, np.ones((T, T))) > 0
+    pairs = group_state(G, np.ones((T, T))).P > 0
     assert np.all(np.abs(X.P[pairs] / O.P[pairs] - 1.0) < 0.035)
     assert np.all(np.abs(X.qf / O.qf - 1.0) < 0.01)
     assert np.all(np.abs(xrows.y2 / rows.y2 - 1.0) < 0.02)

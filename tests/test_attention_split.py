@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from attention_split import forward_errors, measure, state  # noqa: E402
+from attention_forced import group_state  # noqa: E402
+from attention_split import forward_errors, measure  # noqa: E402
 from phase_fidelity import spec_for  # noqa: E402
 
 
@@ -31,9 +32,9 @@ def test_value_path_and_overlap_match_the_engine_in_the_uniform_phase():
     t = np.arange(T)
 
     for b, k in enumerate((1, 2)):
-        rows = net.blocks[k][0].causal(G, state(M["C"][b, 0]))[1][1][0][0]
+        rows = net.blocks[k][0].causal(G, group_state(G, M["C"][b, 0]))[1][1][0][0]
         share = None if rows.shares is None else rows.shares[1]
-        value = cz.mix_backward_rows(G, state(M["Do"][b]), rows.y2, 0.0, rows.shared, share).qf
+        value = cz.mix_backward_rows(G, group_state(G, M["Do"][b]), rows.y2, 0.0, rows.shared, share).qf
         Y = rows.shared + 1.0 / (np.maximum.outer(t, t) + 1.0)
         Y[np.diag_indices(T)] = rows.y2
         for lo, hi in ((0, 4), (4, T)):
