@@ -302,46 +302,6 @@ def _gelu_pair(a, b, c):
     return c / 4 + c / (2 * np.pi) * np.arcsin(np.clip(c / np.sqrt(AB), -1, 1)) + brack / (2 * np.pi * np.sqrt(D))
 
 
-@lru_cache(maxsize=4)
-def _hermite_basis(n: int, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Quadrature nodes/weights (probabilists') and orthonormal Hermite He_k(z)/sqrt(k!) at the nodes, k <= K."""
-    z, w = kernels.gauss_hermite(n)
-    H = np.empty((K + 1, n))
-    H[0] = 1.0
-    if K >= 1:
-        H[1] = z
-    for k in range(1, K):  # He_{k+1} = z He_k - k He_{k-1}, normalised by sqrt(k!)
-        H[k + 1] = (z * H[k] - math.sqrt(k) * H[k - 1]) / math.sqrt(k + 1)
-    return z, w, H
-
-
-def _series_coeffs(f, a: np.ndarray, K: int = 40, n: int = 120) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(h (len(a), K+1), E f^2, truncation tail) with h_k(a) = E[f(sqrt(a) z) He_k(z)]/sqrt(k!)."""
-    z, w, H = _hermite_basis(n, K)
-    with np.errstate(over="ignore"):
-        fz = f(np.sqrt(a)[:, None] * z[None, :])
-    h = (fz * w) @ H.T
-    ef2 = (fz * fz) @ w
-    return h, ef2, np.maximum(ef2 - (h * h).sum(1), 0.0)
-
-
-def _series_pair(f, a: np.ndarray, C: np.ndarray, K: int = 40) -> np.ndarray:
-    """E[f(u) f(v)] by Mehler's formula: sum_k h_k(a) h_k(b) r^k, plus the truncation tail
-    sqrt(t_a t_b) r^(K+1) with t_a = E f^2 - sum_k h_k(a)^2 (a: the variances of rows and columns alike)."""
-    h, ef2, tail = _series_coeffs(f, a, K)
-    big = np.nonzero(np.max(h * h, axis=0) > 1e-10 * max(float(np.max(ef2)), 1e-300))[0]
-    K = int(big[-1]) if len(big) else 0  # the tail term carries the rest (below 1e-10 of E f^2)
-    tail = np.sqrt(np.maximum(ef2 - (h[:, :K + 1] ** 2).sum(1), 0.0))
-    s = np.sqrt(a)
-    r = np.clip(C / np.multiply.outer(s, s), -1.0, 1.0)
-    out = np.broadcast_to(np.multiply.outer(tail, tail), r.shape).copy()  # (C may be one row's: 1 x n)
-    term = np.empty((a.size, a.size))
-    for k in range(K, -1, -1):  # Horner in r from the tail's r^(K+1)
-        out *= r
-        out += np.multiply.outer(h[:, k], h[:, k], out=term)
-    return out
-
-
 def self_kernel(act: str, q: np.ndarray) -> np.ndarray:
     """E[phi(u)^2], u ~ N(0, q), per entry of q."""
     if act == "relu":
@@ -354,7 +314,7 @@ def self_kernel(act: str, q: np.ndarray) -> np.ndarray:
     key = np.round(np.log(np.maximum(q, 1e-300)).ravel() * 1e6)
     _, first, inv = np.unique(key, return_index=True, return_inverse=True)
     u = q.ravel()[first]
-    return _series_coeffs(kernels.PHI["silu" if act == "swiglu" else act][0], u)[1][inv.reshape(q.shape)]
+    return kernels.series_coeffs(kernels.PHI["silu" if act == "swiglu" else act][0], u)[1][inv.reshape(q.shape)]
 
 
 def cross_kernel(act: str, a: np.ndarray, C: np.ndarray) -> np.ndarray:
@@ -365,7 +325,7 @@ def cross_kernel(act: str, a: np.ndarray, C: np.ndarray) -> np.ndarray:
         return _gelu_pair(a[:, None], a[None, :], C)
     if act == "linear":
         return C.copy()
-    return _series_pair(kernels.PHI["silu" if act == "swiglu" else act][0], a, C)
+    return kernels.series_pair(kernels.PHI["silu" if act == "swiglu" else act][0], a, C)
 
 
 def pair_kernel(act: str, C: np.ndarray) -> np.ndarray:
@@ -792,7 +752,7 @@ def self_dkernel(act: str, q: np.ndarray) -> np.ndarray:
     key = np.round(np.log(np.maximum(q, 1e-300)).ravel() * 1e6)
     _, first, inv = np.unique(key, return_index=True, return_inverse=True)
     f = kernels.PHI[{"swiglu": "silu", "geglu": "gelu", "gelu_tanh": "gelu"}.get(act, act)][1]
-    return _series_coeffs(f, q.ravel()[first])[1][inv.reshape(q.shape)]
+    return kernels.series_coeffs(f, q.ravel()[first])[1][inv.reshape(q.shape)]
 
 
 def cross_dkernel(act: str, a: np.ndarray, C: np.ndarray) -> np.ndarray:
@@ -804,7 +764,7 @@ def cross_dkernel(act: str, a: np.ndarray, C: np.ndarray) -> np.ndarray:
         return np.ones_like(C)
     if act in _GELU:  # 004 A.5 at the pair's geometric-mean variance (after a norm the groups' q agree to eps / q)
         return kernels.gelu_backward(np.sqrt(np.multiply.outer(a, a)), C)[1]
-    return _series_pair(kernels.PHI[{"swiglu": "silu", "geglu": "gelu", "gelu_tanh": "gelu"}.get(act, act)][1], a, C)
+    return kernels.series_pair(kernels.PHI[{"swiglu": "silu", "geglu": "gelu", "gelu_tanh": "gelu"}.get(act, act)][1], a, C)
 
 
 def clamp_grad(G: _Grid, S: State) -> State:

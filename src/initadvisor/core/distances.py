@@ -47,19 +47,6 @@ def pair_means(c: np.ndarray, sizes) -> np.ndarray:
         return np.where(n > 1, 2.0 * (n * s1[j] - s2[j]) / (n * np.maximum(n - 1.0, 1.0)), np.nan)
 
 
-def series_forward(act: str, q: float, c: np.ndarray) -> tuple:
-    """kernels.forward at one variance q and T - 1 overlaps c, by the causal engine's kernels (a Hermite series for
-    SiLU and tanh: O(T K), where the pair engine's 2-D quadrature would hold T x 40 x 40 numbers)."""
-    a = np.array([float(q)])
-    return float(cz.self_kernel(act, a)[0]), cz.cross_kernel(act, a, np.asarray(c, dtype=float)[None, :])[0]
-
-
-def series_backward(act: str, q: float, c: np.ndarray) -> tuple:
-    """kernels.backward at one variance q and T - 1 overlaps c, by the causal engine's series (as series_forward)."""
-    a = np.array([float(q)])
-    return float(cz.self_dkernel(act, a)[0]), cz.cross_dkernel(act, a, np.asarray(c, dtype=float)[None, :])[0]
-
-
 @dataclass
 class LateRows:
     """What Attention.distances keeps: per position (reported) Y2, beta_c and the branch's output q; for the late rows

@@ -1563,30 +1563,30 @@ class MLP:
 
     P: BlockParams
 
-    def moments(self, q, p, kernel=kernels.forward):
+    def moments(self, q, p):
         """001 eq. 16 generalised by kernels; gated: independent gate and up projections."""
         P = self.P
         q1, p1 = linear(q, p, P.g_1, P.b_12)
-        kq, kp = kernel(P.activation, q1, p1)
+        kq, kp = kernels.forward(P.activation, q1, p1)
         if P.activation in GATED:
             kq, kp = kq * q1, kp * p1
         q2, p2 = linear(kq, kp, P.g_2, P.b_22)
         return q2, p2, (q1, p1)
 
     def distances(self, q, c):
-        """The distance-resolved state: one variance, T - 1 overlaps (the causal engine's series kernels)."""
-        return self.moments(q, c, dz.series_forward)
+        """The distance-resolved state: one variance, T - 1 overlaps."""
+        return self.moments(q, c)
 
     def distances_backward(self, gq, gp, cache):
-        return self.moments_backward(gq, gp, cache, dz.series_forward, dz.series_backward)
+        return self.moments_backward(gq, gp, cache)
 
-    def moments_backward(self, gq, gp, cache, kernel=kernels.forward, dkernel=kernels.backward):
+    def moments_backward(self, gq, gp, cache):
         P = self.P
         q1, p1 = cache
         gq, gp = P.g_2b * gq, P.g_2b * gp
-        dq, dp = dkernel(P.activation, q1, p1)
+        dq, dp = kernels.backward(P.activation, q1, p1)
         if P.activation in GATED:
-            kq, kp = kernel(P.activation, q1, p1)
+            kq, kp = kernels.forward(P.activation, q1, p1)
             dq, dp = dq * q1 + kq, dp * p1 + kp  # gate path + up path
         return P.g_1b * dq * gq, P.g_1b * dp * gp
 
@@ -1720,28 +1720,28 @@ class MoE:
         return routing.statistics(P.experts, P.top_k, P.router, P.route_norm, P.route_scale, P.g_r * q, rho,
                                   P.route_groups, P.route_top_groups)
 
-    def moments(self, q, p, kernel=kernels.forward):
+    def moments(self, q, p):
         """routing's q_y = A q_f, p_y = B p_f; a shared expert adds its own (q_f, p_f)."""
-        q2, p2, c = self.expert.moments(q, p, kernel)
+        q2, p2, c = self.expert.moments(q, p)
         A, B, F, Fx = self._stats(q, p)
         n = self.P.shared_experts
         return (A + n) * q2, (B + n) * p2, (c, q2, p2, F, Fx, A, B)
 
     def distances(self, q, c):
         """The distance-resolved state: A and F at the one variance q (as `causal`), B and F_x per distance."""
-        q2, c2, cache = self.expert.moments(q, c, dz.series_forward)
+        q2, c2, cache = self.expert.moments(q, c)
         A, _, F, _ = self._stats(q, q)
         _, B, _, Fx = self._stats(q, c)
         n = self.P.shared_experts
         return (A + n) * q2, (B + n) * c2, (cache, q2, c2, F, Fx, A, B)
 
     def distances_backward(self, gq, gp, cache):
-        return self.moments_backward(gq, gp, cache, dz.series_forward, dz.series_backward)
+        return self.moments_backward(gq, gp, cache)
 
-    def moments_backward(self, gq, gp, cache, kernel=kernels.forward, dkernel=kernels.backward):
+    def moments_backward(self, gq, gp, cache):
         """The experts' path (A, B times the MLP's backward) plus the router's, g_r q_f gq F (routing)."""
         c, q2, p2, F, Fx, A, B = cache
-        dq, dp = self.expert.moments_backward(gq, gp, c, kernel, dkernel)
+        dq, dp = self.expert.moments_backward(gq, gp, c)
         n, g_r = self.P.shared_experts, self.P.g_r
         return (A + n) * dq + g_r * q2 * gq * F, (B + n) * dp + g_r * p2 * gp * Fx
 
