@@ -119,12 +119,13 @@ def propagate(stack: Stack, backward: bool = True, means: bool = False) -> Trace
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             resp = walk.responses(blocks, widths, qs, ps, backward)
             V = walk.walk_variance(resp, qs, ps)
+            shift = walk.mean_shift(blocks, widths, qs, ps, resp, V)
             if backward:
                 f = walk.gradient_factor(blocks, widths, qs, ps, gqs, gps, resp, V)[0]
+                f = [x * y for x, y in zip(f, walk.gradient_mean(gqs, gps, resp, V, shift[0]))]
                 gqs, gps = map(list, zip(*(_clamp(g * x, h * x, 0.0) for g, h, x in zip(gqs, gps, f))))
             if means:
-                B, dy = (x.reshape(x.shape + (1,) * (len(shape) + 1 - x.ndim))
-                         for x in walk.mean_shift(blocks, widths, qs, ps, resp, V))
+                B, dy = (x.reshape(x.shape + (1,) * (len(shape) + 1 - x.ndim)) for x in shift)
                 Pq = _clamp(Q, Pq + B * Q, 0.0)[1]
                 y2 = np.clip(y2 + dy, 0.0, 1.0)
     gqs, gps = _stack(gqs, shape), _stack(gps, shape)

@@ -119,31 +119,37 @@ def _y2(ops, caches, shape):
 
 def responses(blocks, widths, qs, ps, backward: bool) -> dict:
     """Per layer: a (the block's slope in rho), fresh (the variance its residual sums add of their own at its width),
-    y (the slope of its attention's IPR in rho, None without attention) and, with backward, M and D (gradient_factor's
-    backward matrix and its slope)."""
+    y (the slope of its attention's IPR in rho, None without attention) and, with backward, M, D and C (gradient_factor's
+    backward matrix, its slope and its curvature in rho) and per residual sum k its move's (s_k, var_k, E_k, F_k): the
+    slope of the block's output rho in the move, the move's variance at the width, the backward matrix's slope and
+    curvature in it (gradient_mean)."""
     L = len(blocks)
-    out = {k: [None] * L for k in ("a", "fresh", "y", "M", "D")}
+    out = {k: [None] * L for k in ("a", "fresh", "y", "M", "D", "C", "moves")}
     for idx in _chunks(blocks):
         ops = blocks[idx[0]]
         q0, p0 = _stacked(idx, qs, ps)
-        # each layer's state at rho -+ _H (twice with backward: one per unit gradient of the backward), and per residual
-        # sum two copies of the state that take -+ _H q on their common part at its output
-        r, caches, var = _run(ops, q0, p0, (0.0, _H, -_H) * (2 if backward else 1), lambda q, v: _H * q)
+        # each layer's state at rho -+ _H, and per residual sum two copies of the state that take -+ _H q on their
+        # common part at its output
+        r, caches, var = _run(ops, q0, p0, (0.0, _H, -_H), lambda q, v: _H * q)
         slope = (r[1] - r[2]) / (2.0 * _H)
         own = sum(((r[j] - r[j + 1]) / (2.0 * m)) ** 2 * v for j, m, v in var)
         y = _y2(ops, caches, r.shape)
-        if backward:
-            k = 6 + 2 * len(var)
-            one, zero, pad = np.ones_like(r[:3]), np.zeros_like(r[:3]), np.zeros_like(r[6:k])
-            bq, bp = moments_backward(ops, np.concatenate([one, zero, pad]), np.concatenate([zero, one, pad]), caches)
-            m = [[bq[:3], bq[3:6]], [bp[:3], bp[3:6]]]  # m[out][in] at the three states
+        if backward:  # the backward matrix mm[out, in] at every state: one pass per unit gradient (gq, gp)
+            one, zero = np.ones_like(r), np.zeros_like(r)
+            mm = np.array([moments_backward(ops, one, zero, caches), moments_backward(ops, zero, one, caches)])
+            mm = np.swapaxes(np.broadcast_to(mm, (2, 2) + r.shape), 0, 1)
         for i, l in enumerate(idx):
             out["a"][l], out["fresh"][l] = slope[i], (own[i] if np.ndim(own) else own) / widths[l]
             if y is not None:
                 out["y"][l] = (y[1][i] - y[2][i]) / (2.0 * _H)
             if backward:
-                out["M"][l] = [[x[0][i] for x in row] for row in m]
-                out["D"][l] = [[(x[1][i] - x[2][i]) / (2.0 * _H) for x in row] for row in m]
+                x = mm[:, :, :, i]
+                out["M"][l] = x[:, :, 0]
+                out["D"][l] = (x[:, :, 1] - x[:, :, 2]) / (2.0 * _H)
+                out["C"][l] = (x[:, :, 1] - 2.0 * x[:, :, 0] + x[:, :, 2]) / _H ** 2
+                out["moves"][l] = [((r[j][i] - r[j + 1][i]) / (2.0 * m[i]), v[i] / widths[l],
+                                    (x[:, :, j] - x[:, :, j + 1]) / (2.0 * m[i]),
+                                    (x[:, :, j] - 2.0 * x[:, :, 0] + x[:, :, j + 1]) / m[i] ** 2) for j, m, v in var]
     return out
 
 
@@ -234,3 +240,44 @@ def gradient_factor(blocks, widths, qs, ps, gqs, gps, resp: dict | None = None, 
             v = S[0][0] / np.asarray(gqs[l], dtype=float) ** 2
         out.append(np.exp(0.5 * np.where(np.isfinite(v), v, 0.0)))
     return out[::-1], a, V
+
+
+def gradient_mean(gqs, gps, resp: dict, V: list, B) -> list:
+    """The factor per index of the stream by which the walk moves the mean gradient over sequences beyond
+    gradient_factor's log-normal of its rho, to first order in the walk's mean shift B and variance V (mean_shift,
+    walk_variance) and each residual sum's move m_k (variance var_k, which moves q and p alike: through a norm's
+    backward, the gradient too). A block's backward matrix is M + D d + C d^2 / 2 + sum_k (E_k m_k + F_k m_k^2 / 2) at
+    rho + d, so over the walk its mean adds (D B_l + C V_l / 2 + sum_k F_k var_k / 2) g_(l+1), which the blocks below
+    carry on (e_l = M_l e_(l+1) + that); a move also moves the blocks above through rho (slope s_k), so the gradient's
+    log-normal gains the covariance of E_k m_k g_(l+1) with them (Sm: s_k var_k (M R u^T + u (M R)^T), u = E_k g_(l+1),
+    R gradient_factor's response); and where the log-normal counts a block's own first-order spread in rho (S0: V w
+    w^T, carried alike) the second order is C V / 2 instead. The factor is exp(e_q / g_q + (Sm - S0)_qq / (2 g_q^2)).
+    gqs, gps: the mean field's gradient chain (index 0..L); resp: responses' with backward."""
+    M, D, C, a = resp["M"], resp["D"], resp["C"], resp["a"]
+
+    def mv(A, x):  # 2 x 2 matrix times 2-vector
+        return [A[r][0] * x[0] + A[r][1] * x[1] for r in range(2)]
+
+    def sandwich(A, S):  # A S A^T
+        return [[sum(A[r][j] * S[j][k] * A[t][k] for j in range(2) for k in range(2)) for t in range(2)]
+                for r in range(2)]
+
+    e, R = [0.0, 0.0], [0.0, 0.0]
+    S0, Sm = [[0.0, 0.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 0.0]]
+    out = [1.0]
+    for l in range(len(M) - 1, -1, -1):
+        Ml, g = M[l], (gqs[l + 1], gps[l + 1])
+        w, c, MR = mv(D[l], g), mv(C[l], g), mv(Ml, R)
+        e = [x + w[r] * B[l] + 0.5 * c[r] * V[l] for r, x in enumerate(mv(Ml, e))]
+        S0 = [[x + V[l] * w[r] * w[t] for t, x in enumerate(row)] for r, row in enumerate(sandwich(Ml, S0))]
+        Sm = sandwich(Ml, Sm)
+        for s, var, E, F in resp["moves"][l]:
+            u, f = mv(E, g), mv(F, g)
+            e = [x + 0.5 * f[r] * var for r, x in enumerate(e)]
+            Sm = [[x + s * var * (MR[r] * u[t] + u[r] * MR[t]) for t, x in enumerate(row)] for r, row in enumerate(Sm)]
+        R = [w[r] + a[l] * MR[r] for r in range(2)]
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            g0 = np.asarray(gqs[l], dtype=float)
+            x = e[0] / g0 + 0.5 * (Sm[0][0] - S0[0][0]) / (g0 * g0)
+            out.append(np.exp(np.where(np.isfinite(x), x, 0.0)))
+    return out[::-1]
