@@ -211,6 +211,16 @@ def mean_shift(blocks, widths, qs, ps, resp: dict, V: list) -> tuple[np.ndarray,
     return B, np.nan_to_num(slope * B[:-1] + layers(Jy), nan=0.0)
 
 
+def _mv(A, x) -> list:
+    """A 2 x 2 matrix (nested, entries scalars or arrays) times a 2-vector."""
+    return [A[r][0] * x[0] + A[r][1] * x[1] for r in range(2)]
+
+
+def _sandwich(A, S) -> list:
+    """A S A^T for 2 x 2 nested matrices."""
+    return [[sum(A[r][j] * S[j][k] * A[t][k] for j in range(2) for k in range(2)) for t in range(2)] for r in range(2)]
+
+
 def gradient_factor(blocks, widths, qs, ps, gqs, gps, resp: dict | None = None, V: list | None = None
                     ) -> tuple[list, list, list]:
     """exp(var / 2) per index of the stream, with each block's slope a_l and the walk's variance V_l per index. var is
@@ -231,10 +241,9 @@ def gradient_factor(blocks, widths, qs, ps, gqs, gps, resp: dict | None = None, 
     out = [1.0]
     for l in range(L - 1, -1, -1):
         Ml, g = M[l], (gqs[l + 1], gps[l + 1])
-        w = [D[l][r][0] * g[0] + D[l][r][1] * g[1] for r in range(2)]
-        MR = [Ml[r][0] * R[0] + Ml[r][1] * R[1] for r in range(2)]
-        S = [[sum(Ml[r][j] * S[j][k] * Ml[t][k] for j in range(2) for k in range(2)) + V[l] * w[r] * w[t]
-              + a[l] * V[l] * (MR[r] * w[t] + w[r] * MR[t]) for t in range(2)] for r in range(2)]
+        w, MR = _mv(D[l], g), _mv(Ml, R)
+        S = [[x + V[l] * w[r] * w[t] + a[l] * V[l] * (MR[r] * w[t] + w[r] * MR[t]) for t, x in enumerate(row)]
+             for r, row in enumerate(_sandwich(Ml, S))]
         R = [w[r] + a[l] * MR[r] for r in range(2)]
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             v = S[0][0] / np.asarray(gqs[l], dtype=float) ** 2
@@ -254,25 +263,17 @@ def gradient_mean(gqs, gps, resp: dict, V: list, B) -> list:
     w^T, carried alike) the second order is C V / 2 instead. The factor is exp(e_q / g_q + (Sm - S0)_qq / (2 g_q^2)).
     gqs, gps: the mean field's gradient chain (index 0..L); resp: responses' with backward."""
     M, D, C, a = resp["M"], resp["D"], resp["C"], resp["a"]
-
-    def mv(A, x):  # 2 x 2 matrix times 2-vector
-        return [A[r][0] * x[0] + A[r][1] * x[1] for r in range(2)]
-
-    def sandwich(A, S):  # A S A^T
-        return [[sum(A[r][j] * S[j][k] * A[t][k] for j in range(2) for k in range(2)) for t in range(2)]
-                for r in range(2)]
-
     e, R = [0.0, 0.0], [0.0, 0.0]
     S0, Sm = [[0.0, 0.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 0.0]]
     out = [1.0]
     for l in range(len(M) - 1, -1, -1):
         Ml, g = M[l], (gqs[l + 1], gps[l + 1])
-        w, c, MR = mv(D[l], g), mv(C[l], g), mv(Ml, R)
-        e = [x + w[r] * B[l] + 0.5 * c[r] * V[l] for r, x in enumerate(mv(Ml, e))]
-        S0 = [[x + V[l] * w[r] * w[t] for t, x in enumerate(row)] for r, row in enumerate(sandwich(Ml, S0))]
-        Sm = sandwich(Ml, Sm)
+        w, c, MR = _mv(D[l], g), _mv(C[l], g), _mv(Ml, R)
+        e = [x + w[r] * B[l] + 0.5 * c[r] * V[l] for r, x in enumerate(_mv(Ml, e))]
+        S0 = [[x + V[l] * w[r] * w[t] for t, x in enumerate(row)] for r, row in enumerate(_sandwich(Ml, S0))]
+        Sm = _sandwich(Ml, Sm)
         for s, var, E, F in resp["moves"][l]:
-            u, f = mv(E, g), mv(F, g)
+            u, f = _mv(E, g), _mv(F, g)
             e = [x + 0.5 * f[r] * var for r, x in enumerate(e)]
             Sm = [[x + s * var * (MR[r] * u[t] + u[r] * MR[t]) for t, x in enumerate(row)] for r, row in enumerate(Sm)]
         R = [w[r] + a[l] * MR[r] for r in range(2)]
