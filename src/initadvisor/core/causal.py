@@ -400,6 +400,8 @@ class AttentionRows:
     shares: tuple | None = None  # rows over all keys: (K, K) [row group, key group] a key's share of E[A], of E[A^2]
     # and of the scores' gradient over uniform rows' (Attention._key_shares), None where uniform
     qk_share: float = 0.0  # set by the backward: the share of the gradient's q at the input through that path
+    phi: np.ndarray | float | None = None  # set by the first backward: the query half's factor over the keys'
+    # structure (Attention._key_structure; 1 where it cannot show), so that every later one is the same linear map
 
 
 def gmean(G: _Grid, x: np.ndarray) -> np.ndarray:
@@ -471,13 +473,16 @@ def _cells(cache) -> int:
 
 def propagate_overlaps(blocks: Sequence[tuple], q0: float, p0: float, T: int, keep_overlap: bool = False,
                        single: int = _SINGLE, ratio: float = _RATIO, backward: bool = False,
-                       repeats: tuple[float, float] = (0.0, 0.0)) -> CausalTrace:
+                       repeats: tuple[float, float] = (0.0, 0.0), widths: Sequence[int] | None = None) -> CausalTrace:
     """Run a causal stack (blocks: tuples of ops.py operations) from the simplex input C = p0 11^T + (q0 - p0) I
     (`input_state`; repeats: its same-token pairs) on the grouped state; backward: then the gradient of sum_m x_m . G_m (G i.i.d. per position, as simulate.py)
     back through it on the same state.
 
-    single / ratio set the position groups (group_edges); single >= T is the full T x T resolution."""
-    from initadvisor.core.ops import Attention, causal_backward, causal_forward, find  # ops.py builds on this module
+    single / ratio set the position groups (group_edges); single >= T is the full T x T resolution. widths: each
+    block's d_model; with the backward, the gradient is then the mean over sequences at that width where the rho walk
+    reaches it (walk.causal_factor, walk.resolves_walk), else the mean field's."""
+    from initadvisor.core import walk  # (ops.py and walk.py build on this module)
+    from initadvisor.core.ops import Attention, causal_backward, causal_forward, find
 
     T = int(T)
     if T < 2:
@@ -506,10 +511,14 @@ def propagate_overlaps(blocks: Sequence[tuple], q0: float, p0: float, T: int, ke
     # the backward needs every block's caches: kept when the first block's, L times over, fit in _KEEP_CELLS, else the
     # forward keeps the state entering every stride-th block and runs each segment again (one more forward pass)
     stride, kept, starts = L, [], {}
+    walks = backward and widths is not None and all(widths) and walk.resolves_walk(blocks)
+    ins, grads = [], [None] * (L + 1)  # the walk's: the state entering each block, the gradient's at each index
     record(0, S)
     for k in range(L):
         if backward and k % stride == 0:
             starts[k] = S
+        if walks:
+            ins.append(S)
         S, caches = step(k, S)
         if backward and k == 0 and L * _cells(caches) > _KEEP_CELLS:
             stride = max(1, math.isqrt(L))
@@ -523,7 +532,7 @@ def propagate_overlaps(blocks: Sequence[tuple], q0: float, p0: float, T: int, ke
     gq = gp = share = None
     if backward:
         gq, gp, share = np.empty(L + 1), np.empty(L + 1), np.empty(L)
-        D = State(np.ones(T), np.zeros((K, K)))
+        D = grads[L] = State(np.ones(T), np.zeros((K, K)))
         gq[L], gp[L] = 1.0, 0.0
         for a in sorted(starts, reverse=True):
             b = min(a + stride, L)
@@ -538,6 +547,10 @@ def propagate_overlaps(blocks: Sequence[tuple], q0: float, p0: float, T: int, ke
                 share[k] = find(blocks[k], kept[k - a], Attention).qk_share
                 kept[k - a] = None
                 gq[k], gp[k] = float(D.qf.mean()), pair_mean(G, D.P)
+                grads[k] = D
+        if walks:
+            f = walk.causal_factor(blocks, G, ins, grads, widths)
+            gq, gp = gq * f, gp * f
     overlap = None
     if keep_overlap:
         overlap = S.P[G.gid][:, G.gid]

@@ -1091,9 +1091,12 @@ class Attention:
             cols = cz.window_column_sums(Pg * np.multiply.outer(hc, hc) * rows.overlap, *rows.keys)
             with np.errstate(invalid="ignore", divide="ignore"):
                 kd, kp = cz.window_sums(ek / w, np.where(w > 1, -ek / (w * (w - 1.0)), 0.0), *rows.keys[:2])
-        if rows.structure is not None and e.sum() > 1e-5 * g_v * B.qf.sum():  # the query half over the keys' structure
-            s = cz.row_std(P.beta, rows.beta_c, rows.qk[0])
-            e = e * self._key_structure(G, s, *rows.structure)  # (skipped where it cannot show)
+        if rows.structure is not None:  # the query half over the keys' structure (skipped where it cannot show)
+            if rows.phi is None:
+                rows.phi = 1.0
+                if e.sum() > 1e-5 * g_v * B.qf.sum():
+                    rows.phi = self._key_structure(G, cz.row_std(P.beta, rows.beta_c, rows.qk[0]), *rows.structure)
+            e = e * rows.phi
         qk = e + kd + cols
         total = g_v * B.qf + qk
         rows.qk_share = float(_path_share(qk.sum(), total.sum()))

@@ -13,14 +13,20 @@ and of the attention's IPR over sequences, by the maps' curvature times the walk
 0.003-0.005 in rho past the crossover at d 720, where the network's rho sits 0.01-0.013 below the mean field's. A
 norm after a residual sum adds each pair's own bias of its cosine at width d (cosine_bias: the delta method on the
 sum's Wishart covariances, less the common part that the walk's moves carry; about 0.001 in rho at d 720). The
-pair engine only: the position-resolved engine (causal rows) carries none of these.
+position-resolved engine (causal rows) carries the gradient's factor only, and only in post-LN stacks
+(causal_factor, below); its rho and IPR are the mean field's.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import numpy as np
 
-from initadvisor.core.ops import Attention, Norm, Residual, find, moments_backward, moments_forward
+from initadvisor.core import causal as cz
+from initadvisor.core.ops import Attention, Norm, Residual, causal_backward, causal_forward, find, moments_backward, \
+    moments_forward
 
 _H = 1e-3  # the step in rho of the finite differences
 _CHUNK = 1024  # layers per stacked pass (x 10 states: a causal column's per-row temporaries stay within tens of MB)
@@ -282,3 +288,143 @@ def gradient_mean(gqs, gps, resp: dict, V: list, B) -> list:
             x = e[0] / g0 + 0.5 * (Sm[0][0] - S0[0][0]) / (g0 * g0)
             out.append(np.exp(np.where(np.isfinite(x), x, 0.0)))
     return out[::-1]
+
+
+# ------------------------------------------------------------------------------------------------
+# The walk on the position-resolved state (causal.py). The same moves and the same first order, but the gradient is a
+# state (q per position, p per group pair), not a pair: a block's backward is applied to tangent states, and the
+# covariance of the gradient's deviations is carried as a few principal columns rather than a 2 x 2 matrix.
+
+_CH = 1e-2  # the causal walk's step in rho and in the moves, about the walk's own spread in rho (0.01-0.04 at d 1000):
+# the rows' laws switch tables at gates (the keys' field law, its draws), and a smaller step that straddles one moves
+# the factor by points (3e-3: 2.6% at a 16-layer stack's top, against 0.3% for 1e-3 and 1e-2)
+_RANK = 4  # the principal columns kept of each covariance the causal walk carries down
+
+
+def resolves_walk(blocks) -> bool:
+    """The causal walk's reach: stacks where a norm follows a residual sum (post-LN), where each block's gain falls
+    with its input's rho and a move reaches the gradient through the norm's backward. Elsewhere it moves the gradient
+    by at most 0.5% on issue 13's grid (pre-LN, 0.25-2.5 beta_c, T 64 and 512), for 4-6x the run."""
+    return any(isinstance(a, Residual) and isinstance(b, Norm) for ops in blocks for a, b in zip(ops, ops[1:]))
+
+
+def _tangent(*terms):
+    """sum c X over (c, X) pairs of states (q per position and the pair means; tangents: signed, not clamped)."""
+    return cz.State(sum(c * X.qf for c, X in terms), sum(c * X.P for c, X in terms))
+
+
+def _moved(G, S, x: float, shift: bool):
+    """S with its common part moved by x: every overlap by x sqrt(q q') (shift: a step of rho) or by x, q too (a
+    residual sum's move)."""
+
+    if shift:
+        qg = cz.gmean(G, S.qf)
+        dx = x * np.sqrt(np.multiply.outer(qg, qg))
+        return replace(S, P=S.P + dx, R=None if S.R is None else S.R + dx)
+    return replace(S, qf=S.qf + x, P=S.P + x, R=None if S.R is None else S.R + x)
+
+
+def _block_runs(ops, G, S, d: float) -> tuple[list, list]:
+    """The block's forward from S (each output clamped as the engine's): as it is, with its input's rho + and -
+    _CH, then per residual sum with its output moved by + and - _CH (the operations before the sum run once):
+    [(output, caches)] in that order; and per sum its own variance at the width d (residual_variance at the mean q
+    and the mean pair, over d)."""
+    def run(part, X):
+        X, c = causal_forward(part, G, X)
+        return cz._clamp(G, X), c
+
+    runs = [None] + [run(ops, _moved(G, S, x, True)) for x in (_CH, -_CH)]
+    X, caches, var = S, [], []
+    for k, op in enumerate(ops):
+        Y, c = causal_forward((op,), G, X)
+        caches = caches + c
+        if isinstance(op, Residual):
+            qin, (pin, pout) = float(np.mean(X.qf)), (cz.pair_mean(G, Z.P) for Z in (X, Y))
+            var.append(float(residual_variance(op, qin, pin, pout)) / d)
+            for x in (_CH, -_CH):
+                Z, rest = run(ops[k + 1:], _moved(G, Y, x, False))
+                runs.append((Z, caches + rest))
+        X = Y
+    runs[0] = (cz._clamp(G, X), caches)
+    return runs, var
+
+
+def causal_factor(blocks, G, states, grads, widths) -> np.ndarray:
+    """The walk's factor per index of the stream on the mean gradient over sequences (q and p alike), gradient_factor
+    and gradient_mean's on the position-resolved state: states, the forward state entering each block; grads, the
+    mean-field gradient state at each index (index L: the loss's).
+
+    Per block, from its input: its slope a_l and curvature in its input's rho, and per residual sum k the slope s_k
+    and curvature of the block's output rho in its move and the move's variance var_k, which give the walk's variance
+    V_l and mean shift B_l per index (walk_variance; mean_shift to second order); and the derivatives of its backward,
+    at the mean-field gradient state, in rho (w, c) and in each move (u_k, f_k), as tangent states. Then from the top:
+    R_l = w_l + a_l M_l R_(l+1), the gradient's response to its input's rho through every block above; the mean
+    e_l = M_l e_(l+1) + B_l w_l + V_l c_l / 2 + sum_k var_k f_k / 2; and the variance of the first order, (mean R_l)^2
+    V_l from the walk below, and from each move above var_k ((mean Phi (s_k M R + u_k))^2 - (mean Phi u_k)^2) less
+    V (mean Phi w)^2 (the own-block parts, which e's curvatures replace: gradient_mean's), Phi the backward of the
+    blocks between. Those sums are two covariances of columns pushed down block by block (their _RANK principal
+    ones kept). The factor is exp(e / g + var / (2 g^2)), means over positions, g the mean-field gradient's q.
+    Each block's mean-field caches are kept from the first pass to the second where all of them fit in
+    causal._KEEP_CELLS, else run again."""
+    L, h = len(blocks), _CH
+    per, a, V, B = [], [], [0.0], [0.0]
+    with np.errstate(all="ignore"):
+        for l, ops in enumerate(blocks):
+            runs, var = _block_runs(ops, G, states[l], widths[l])
+            r = [cz._summary(G, Z)[0] for Z, _ in runs]
+            slope = [(r[j] - r[j + 1]) / (2.0 * h) for j in range(1, len(r), 2)]  # rho's, then each move's
+            bend = [(r[j] - 2.0 * r[0] + r[j + 1]) / h**2 for j in range(1, len(r), 2)]
+            a.append(slope[0])
+            V.append(min(a[l] ** 2 * V[l] + sum(s * s * x for s, x in zip(slope[1:], var)), (1.0 - r[0]) * (1.0 + r[0])))
+            B.append(float(np.clip(a[l] * B[l] + 0.5 * sum(c * x for c, x in zip(bend, [V[l]] + var)), -2.0, 2.0)))
+            Bs = [causal_backward(ops, G, grads[l + 1], c) for _, c in runs]  # the mean-field one first (M's caches)
+            if l == 0:
+                keep = L * cz._cells(runs[0][1]) <= cz._KEEP_CELLS
+            first = [_tangent((0.5 / h, Bs[j]), (-0.5 / h, Bs[j + 1])) for j in range(1, len(Bs), 2)]
+            second = [_tangent((1.0 / h**2, Bs[j]), (-2.0 / h**2, Bs[0]), (1.0 / h**2, Bs[j + 1]))
+                      for j in range(1, len(Bs), 2)]
+            per.append((slope[1:], var, first, second, runs[0][1] if keep else None))
+        R = e = cz.State(np.zeros(G.T), np.zeros_like(grads[-1].P))
+        plus, minus, out = [], [], [1.0]
+        for l in range(L - 1, -1, -1):
+            ops, (slopes, var, (w, *us), second, caches) = blocks[l], per[l]
+            per[l] = None
+            if caches is None:  # (not kept: run again)
+                caches = causal_forward_caches(ops, G, states[l], grads[l + 1])
+
+            def M(X):  # the block's backward at its mean-field forward: linear in the state
+                return causal_backward(ops, G, X, caches)
+
+            MR = M(R)
+            e = _tangent((1.0, M(e)), (B[l], w), *((0.5 * x, c) for x, c in zip([V[l]] + var, second)))
+            plus = _compress([M(X) for X in plus] + [_tangent((math.sqrt(x) * s, MR), (math.sqrt(x), u))
+                                                      for s, x, u in zip(slopes, var, us)])
+            minus = _compress([M(X) for X in minus] + [_tangent((math.sqrt(x), u)) for x, u in zip(var, us)]
+                              + [_tangent((math.sqrt(V[l]), w))])
+            R = _tangent((1.0, w), (a[l], MR))
+            g = float(np.mean(grads[l].qf))
+            spread = float(np.mean(R.qf)) ** 2 * V[l] + sum(float(np.mean(X.qf)) ** 2 for X in plus) \
+                - sum(float(np.mean(X.qf)) ** 2 for X in minus)
+            x = float(np.mean(e.qf)) / g + 0.5 * spread / (g * g)
+            out.append(math.exp(x) if abs(x) < 700.0 else 1.0)  # (nan: 1)
+    return np.array(out[::-1])
+
+
+def causal_forward_caches(ops, G, S, grad) -> list:
+    """The block's forward caches from its input state, as the engine's run made them: their first backward is the
+    mean-field gradient's `grad` (it sets what the rows keep for every later one: ops.Attention.causal_backward)."""
+    caches = causal_forward(ops, G, S)[1]
+    causal_backward(ops, G, grad, caches)
+    return caches
+
+
+def _compress(cols: list) -> list:
+    """Columns X_j of a covariance sum_j X_j X_j^T, as at most _RANK columns of its principal part: Y V_r, V_r the
+    leading eigenvectors of the columns' Gram matrix Y^T Y."""
+    if len(cols) <= _RANK:
+        return cols
+    T = cols[0].qf.size
+    Y = np.nan_to_num(np.array([np.concatenate([X.qf, X.P.ravel()]) for X in cols]).T, nan=0.0, posinf=0.0,
+                      neginf=0.0)
+    Y = Y @ np.linalg.eigh(Y.T @ Y)[1][:, -_RANK:]
+    return [cz.State(y[:T], y[T:].reshape(cols[0].P.shape)) for y in Y.T]
