@@ -215,6 +215,22 @@ def test_mixture_of_experts_cells_count_twice():
         assert resolved_cells(dense) > 0 and resolved_cells(moe) == 2 * resolved_cells(dense)
 
 
+def test_post_ln_causal_cells_count_the_walk():
+    """The recipes' budget counts a post-LN causal stack's position-resolved cells WALK_COST times (its rho walk,
+    walk.causal_factor, about 7x the run); the same stack pre-LN, or past WALK_CELLS, once."""
+    from initadvisor.core import model
+    from initadvisor.diagnose import resolved_cells
+    from initadvisor.spec import build_spec
+    from initadvisor.stack import from_spec
+
+    base = {"model": {"layers": 4, "d_model": 32, "heads": 4, "causal": True}, "sequence": {"length": 64}}
+    post, pre = (from_spec(build_spec({**base, "model": {**base["model"], "norm": n}})) for n in ("post", "pre"))
+    assert resolved_cells(post) == model.WALK_COST * resolved_cells(pre) > 0
+    deep = from_spec(build_spec({**base, "model": {**base["model"], "norm": "post", "layers": 200}}))
+    shallow = from_spec(build_spec({**base, "model": {**base["model"], "norm": "pre", "layers": 200}}))
+    assert resolved_cells(deep) == resolved_cells(shallow)  # 201 x 1024 cells: past WALK_CELLS, no walk
+
+
 def test_a_recipe_whose_skip_overflows_its_fourth_power_is_reported():
     """Fuzz seed 131: a sigmoid router of std 3e5 over one expert led a recipe to a residual skip of 4e126, whose
     fourth power (a token's mean-square spread) raised OverflowError from Python's float power: `recommend` died with

@@ -359,7 +359,8 @@ def test_causal_backward_is_linear_in_the_state():
 
 def test_causal_walk_reach_and_rank(monkeypatch):
     """Where it runs: post-LN (a norm after each residual sum), not pre-LN (there it moves the gradient by under 0.5%
-    on issue 13's grid), and within model.WALK_CELLS; and its covariances' principal columns: 4 give the factor of 64 within 1e-4 (post-LN 1.5
+    on issue 13's grid), causal rows on position groups (not sliding windows) within model.WALK_CELLS; and its
+    covariances' principal columns: 4 give the factor of 64 within 1e-4 (post-LN 1.5
     beta_c, T 64, 24 layers, d 128, where the factor is 1.27 at index 0)."""
     from initadvisor.core.causal import propagate_overlaps
     from initadvisor.core.model import propagate_causal
@@ -378,5 +379,7 @@ def test_causal_walk_reach_and_rank(monkeypatch):
     assert np.allclose(f4, f64, rtol=1e-4), f4 / f64
     from initadvisor.core import model
 
+    assert model.walks(post) and not model.walks(post.replace(window=16))  # (sliding windows: T x T states)
     monkeypatch.setattr(model, "WALK_CELLS", 25 * 1024 - 1)  # beyond its reach: the mean field's
+    assert not model.walks(post)
     assert np.array_equal(propagate_causal(post, backward=True).grad_q, field)

@@ -10,7 +10,7 @@ from initadvisor import __version__
 from initadvisor.core import gradients as G
 from initadvisor.core.attention import alibi_windows, phase
 from initadvisor.core.distances import propagate_distances
-from initadvisor.core.model import BACKWARD_T, Stack, Trace, propagate, propagate_causal
+from initadvisor.core.model import BACKWARD_T, WALK_COST, Stack, Trace, propagate, propagate_causal, walks
 from initadvisor.loss import initial_loss
 from initadvisor.numbers import clean, overflow_findings
 from initadvisor.rules import RULES, Finding, finding  # noqa: F401  (Finding, finding: re-exported)
@@ -171,14 +171,16 @@ def resolved_cells(stack: Stack) -> int:
     there (layers + 1) x heads x T^3 / 2000 (their dense products: 3.3 s for 1.4e10, counted high); (layers + 1) x T
     x the distinct ALiBi windows on the distance state; 0 where the pair engine stands alone. Mixture-of-experts stacks
     count their position-resolved cells twice (the routing statistics of every pair: 2.1 us a window cell, against
-    1.3 us dense, a 25-layer stack at T 512)."""
+    1.3 us dense, a 25-layer stack at T 512), post-LN causal stacks that carry the rho walk WALK_COST times
+    (model.walks)."""
     how = route(stack)
     T, L, P = stack.embeddings.seq_len, len(stack.layers), _alibi_layer(stack)
     moe = 2 if any(B.experts for B in stack.layers) else 1
     if how == "resolved" and P.alibi:
         return moe * (L + 1) * max(T * T // 2, P.heads * T**3 // 2000)
     if how == "resolved":
-        return moe * ((L + 1) * T * T if stack.windowed else (L + 1) * 2 * (T + LAYER_POSITIONS))
+        cost = WALK_COST if walks(stack) else 1
+        return moe * ((L + 1) * T * T if stack.windowed else cost * (L + 1) * 2 * (T + LAYER_POSITIONS))
     if how == "distances":
         return (L + 1) * T * (len(alibi_windows(P.heads, P.alibi, T)[0]) if P.alibi else 1)
     return 0

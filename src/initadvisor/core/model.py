@@ -169,22 +169,30 @@ def _stack(xs: list, shape: tuple) -> np.ndarray:
 def propagate_causal(stack: Stack, keep_overlap: bool = False, backward: bool = False):
     """Position-resolved forward prediction (causal.py); causal rows on position groups, sliding windows and
     bidirectional rows at full resolution (every position its own group). backward: the gradient too, where
-    `resolves_backward` (else the trace's grad_q is None), with the rho walk's factor within WALK_CELLS."""
+    `resolves_backward` (else the trace's grad_q is None), with the rho walk's factor where `walks`."""
     from initadvisor.core.causal import propagate_overlaps
 
     q0, p0 = stack.embeddings.moments()
     T = stack.embeddings.seq_len
     full = stack.windowed or not stack.layers[0].causal  # sliding windows, bidirectional rows: position by position
-    walks = (len(stack.layers) + 1) * max(T, 1024) <= WALK_CELLS
     return propagate_overlaps(stack.blocks, q0, p0, T, keep_overlap=keep_overlap,
                               backward=backward and resolves_backward(stack), repeats=stack.embeddings.repeats(),
-                              widths=[P.d_model for P in stack.layers] if walks else None,
+                              widths=[P.d_model for P in stack.layers] if walks(stack) else None,
                               **({"single": T} if full else {}))
 
 
-WALK_CELLS = 10**5  # the causal walk's reach (walk.causal_factor, about 7x the position-resolved run): (layers + 1) x
-# max(T, 1024) cells (a 50-layer post-LN stack at T 512, 52000 cells: 2 s -> 14 s on a loaded 2-core machine); beyond
-# it a post-LN causal stack's gradient is the mean field's
+WALK_CELLS = 10**5  # the causal walk's reach (walk.causal_factor, about WALK_COST x the position-resolved run):
+WALK_COST = 7  # (layers + 1) x max(T, 1024) cells (a 50-layer post-LN stack at T 512, 52000 cells: 2 s -> 14 s on a
+# loaded 2-core machine)
+
+
+def walks(stack: Stack) -> bool:
+    """Whether the position-resolved backward carries the rho walk's factor (walk.causal_factor): causal rows on
+    position groups (not sliding windows or bidirectional rows at full resolution, whose states are T x T), within
+    WALK_CELLS, where walk.resolves_walk (post-LN); elsewhere the gradient is the mean field's."""
+    T = stack.embeddings.seq_len
+    return bool(stack.layers[0].causal) and not stack.windowed and (len(stack.layers) + 1) * max(T, 1024) <= WALK_CELLS \
+        and walk.resolves_walk(stack.blocks)
 
 
 BACKWARD_T = 1 << 20  # the position-resolved backward keeps about 30 per-position arrays a block: 250 MB at this T
