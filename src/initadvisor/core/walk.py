@@ -397,10 +397,10 @@ def causal_factor(blocks, G, states, grads, widths) -> np.ndarray:
 
             MR = M(R)
             e = _tangent((1.0, M(e)), (B[l], w), *((0.5 * x, c) for x, c in zip([V[l]] + var, second)))
-            plus = _compress([M(X) for X in plus] + [_tangent((math.sqrt(x) * s, MR), (math.sqrt(x), u))
+            plus = _compress([M(X) for X in plus] + [_tangent((_root(x) * s, MR), (_root(x), u))
                                                       for s, x, u in zip(slopes, var, us)])
-            minus = _compress([M(X) for X in minus] + [_tangent((math.sqrt(x), u)) for x, u in zip(var, us)]
-                              + [_tangent((math.sqrt(V[l]), w))])
+            minus = _compress([M(X) for X in minus] + [_tangent((_root(x), u)) for x, u in zip(var, us)]
+                              + [_tangent((_root(V[l]), w))])
             R = _tangent((1.0, w), (a[l], MR))
             g = float(np.mean(grads[l].qf))
             spread = float(np.mean(R.qf)) ** 2 * V[l] + sum(float(np.mean(X.qf)) ** 2 for X in plus) \
@@ -418,13 +418,21 @@ def causal_forward_caches(ops, G, S, grad) -> list:
     return caches
 
 
+def _root(x: float) -> float:
+    """The square root of a variance, 0 where it is not positive (or nan)."""
+    return math.sqrt(x) if x > 0.0 else 0.0
+
+
 def _compress(cols: list) -> list:
     """Columns X_j of a covariance sum_j X_j X_j^T, as at most _RANK columns of its principal part: Y V_r, V_r the
-    leading eigenvectors of the columns' Gram matrix Y^T Y."""
+    leading eigenvectors of the columns' Gram matrix Y^T Y (of Y over its largest entry: no overflow)."""
     if len(cols) <= _RANK:
         return cols
     T = cols[0].qf.size
     Y = np.nan_to_num(np.array([np.concatenate([X.qf, X.P.ravel()]) for X in cols]).T, nan=0.0, posinf=0.0,
                       neginf=0.0)
-    Y = Y @ np.linalg.eigh(Y.T @ Y)[1][:, -_RANK:]
-    return [cz.State(y[:T], y[T:].reshape(cols[0].P.shape)) for y in Y.T]
+    top = float(np.abs(Y).max())
+    if top > 0.0:
+        Z = Y / top
+        Y = Y @ np.linalg.eigh(Z.T @ Z)[1][:, -_RANK:]
+    return [cz.State(y[:T], y[T:].reshape(cols[0].P.shape)) for y in Y.T[-_RANK:]]
