@@ -182,8 +182,7 @@ def propagate_causal(stack: Stack, keep_overlap: bool = False, backward: bool = 
 
 
 WALK_CELLS = 10**5  # the causal walk's reach (walk.causal_factor, about WALK_COST x the position-resolved run):
-WALK_COST = 7  # (layers + 1) x max(T, 1024) cells (a 50-layer post-LN stack at T 512, 52000 cells: 2 s -> 14 s on a
-# loaded 2-core machine)
+WALK_COST = 7  # (layers + 1) x max(T, 1024) cells (a 50-layer post-LN stack at T 512, 52000 cells: check 0.7 -> 3.6 s)
 
 
 def walks(stack: Stack) -> bool:
