@@ -383,3 +383,21 @@ def test_causal_walk_reach_and_rank(monkeypatch):
     monkeypatch.setattr(model, "WALK_CELLS", 25 * 1024 - 1)  # beyond its reach: the mean field's
     assert not model.walks(post)
     assert np.array_equal(propagate_causal(post, backward=True).grad_q, field)
+
+
+def test_causal_walk_where_the_gradient_vanishes():
+    """A mean-field gradient of 0 (underflowed) or overflowed states leave the causal walk's factor at 1, finite: no
+    division error, no nan in a report."""
+    from initadvisor.core import causal as cz
+    from initadvisor.core.ops import causal_forward
+
+    net = from_spec(build_spec(spec_for("post", 1.5, 16, True, 3, 64)))
+    G = cz._grid(16, cz._SINGLE, cz._RATIO)
+    S, states = cz.input_state(G, *net.embeddings.moments()), []
+    for ops in net.blocks:
+        states.append(S)
+        S = cz._clamp(G, causal_forward(ops, G, S)[0])
+    zero = [cz.State(np.zeros(16), np.zeros_like(S.P)) for _ in range(4)]
+    assert np.array_equal(walk.causal_factor(net.blocks, G, states, zero, [64] * 3), np.ones(4))
+    huge = [cz.State(np.full(16, 1e300), np.full_like(S.P, 1e300)) for _ in range(4)]
+    assert np.all(np.isfinite(walk.causal_factor(net.blocks, G, states, huge, [64] * 3)))

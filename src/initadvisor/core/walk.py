@@ -304,7 +304,8 @@ _RANK = 4  # the principal columns kept of each covariance the causal walk carri
 def resolves_walk(blocks) -> bool:
     """The causal walk's reach: stacks where a norm follows a residual sum (post-LN), where each block's gain falls
     with its input's rho and a move reaches the gradient through the norm's backward. Elsewhere it moves the gradient
-    by at most 0.5% on issue 13's grid (pre-LN, 0.25-2.5 beta_c, T 64 and 512), for 4-6x the run."""
+    by at most 0.5% on issue 13's grid (pre-LN, 0.25-2.5 beta_c, T 64 and 512), for about 7x the run
+    (model.WALK_COST)."""
     return any(isinstance(a, Residual) and isinstance(b, Norm) for ops in blocks for a, b in zip(ops, ops[1:]))
 
 
@@ -316,7 +317,6 @@ def _tangent(*terms):
 def _moved(G, S, x: float, shift: bool):
     """S with its common part moved by x: every overlap by x sqrt(q q') (shift: a step of rho) or by x, q too (a
     residual sum's move)."""
-
     if shift:
         qg = cz.gmean(G, S.qf)
         dx = x * np.sqrt(np.multiply.outer(qg, qg))
@@ -328,7 +328,8 @@ def _block_runs(ops, G, S, d: float) -> tuple[list, list]:
     """The block's forward from S (each output clamped as the engine's): as it is, with its input's rho + and -
     _CH, then per residual sum with its output moved by + and - _CH (the operations before the sum run once):
     [(output, caches)] in that order; and per sum its own variance at the width d (residual_variance at the mean q
-    and the mean pair, over d)."""
+    and the mean pair, over d). The engine's own forward ran the mean already, but keeps no state inside a block."""
+
     def run(part, X):
         X, c = causal_forward(part, G, X)
         return cz._clamp(G, X), c
@@ -390,7 +391,7 @@ def causal_factor(blocks, G, states, grads, widths) -> np.ndarray:
             ops, (slopes, var, (w, *us), second, caches) = blocks[l], per[l]
             per[l] = None
             if caches is None:  # (not kept: run again)
-                caches = causal_forward_caches(ops, G, states[l], grads[l + 1])
+                caches = _mean_caches(ops, G, states[l], grads[l + 1])
 
             def M(X):  # the block's backward at its mean-field forward: linear in the state
                 return causal_backward(ops, G, X, caches)
@@ -402,15 +403,15 @@ def causal_factor(blocks, G, states, grads, widths) -> np.ndarray:
             minus = _compress([M(X) for X in minus] + [_tangent((_root(x), u)) for x, u in zip(var, us)]
                               + [_tangent((_root(V[l]), w))])
             R = _tangent((1.0, w), (a[l], MR))
-            g = float(np.mean(grads[l].qf))
-            spread = float(np.mean(R.qf)) ** 2 * V[l] + sum(float(np.mean(X.qf)) ** 2 for X in plus) \
-                - sum(float(np.mean(X.qf)) ** 2 for X in minus)
-            x = float(np.mean(e.qf)) / g + 0.5 * spread / (g * g)
-            out.append(math.exp(x) if abs(x) < 700.0 else 1.0)  # (nan: 1)
+            g = np.mean(grads[l].qf)  # (numpy scalars: a gradient of 0 or an overflow gives inf or nan, not an error)
+            spread = np.mean(R.qf) ** 2 * V[l] + sum(np.mean(X.qf) ** 2 for X in plus) \
+                - sum(np.mean(X.qf) ** 2 for X in minus)
+            x = float(np.mean(e.qf) / g + 0.5 * spread / (g * g))
+            out.append(math.exp(x) if abs(x) < 700.0 else 1.0)  # (nan, inf: 1)
     return np.array(out[::-1])
 
 
-def causal_forward_caches(ops, G, S, grad) -> list:
+def _mean_caches(ops, G, S, grad) -> list:
     """The block's forward caches from its input state, as the engine's run made them: their first backward is the
     mean-field gradient's `grad` (it sets what the rows keep for every later one: ops.Attention.causal_backward)."""
     caches = causal_forward(ops, G, S)[1]
