@@ -1,0 +1,128 @@
+"""How much of a phase-grid cell's gradient and IPR miss is its rho path: the engine run on the network's own mean rho.
+
+Usage: OPENBLAS_NUM_THREADS=1 python benchmarks/rho_forced.py post:2.5:512:causal --load FILE.npz [FILE.npz ...]
+
+FILES are one cell's per-seed moments (`batched_grid.py --save`). The engine `verify` compares with (the
+position-resolved one for causal cells, the pair engine with the walk's means else) runs again with a constant added
+to every pair overlap after each block's last residual sum, set by a few fixed-point passes so that its rho is the
+network's mean at every layer (to 1e-4); each layer its own operations, so that the constants differ by layer. Per
+layer: the measured rho, gradient (normalised at the top, with its standard error) and IPR; the engine's error in rho,
+and its gradient and IPR over the measured ones as they are and on the forced path. The gradient's slope in rho is
+steep past beta_c (post-LN: d log g / d rho about -30 through the blocks above), so a rho within issue 13's 0.03 can
+still move it by tens of percent; what stays on the forced path is the blocks' own maps at the right rho. Asserts
+nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from dataclasses import replace
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from batched_grid import NAMES  # noqa: E402
+from phase_fidelity import parse_cells, spec_for  # noqa: E402
+
+PASSES = 12
+
+
+def measured(files: list[str], key: str) -> dict[str, np.ndarray]:
+    """`verify`'s pooled measurement (means and standard errors over seeds) of one cell's saved moments."""
+    from initadvisor.verification import pool_seeds
+
+    parts = {k: [] for k in NAMES}
+    for f in files:
+        with np.load(f) as z:
+            for k in NAMES:
+                parts[k].append(z[f"{key}/{k}"].astype(np.float64))
+    m = {k: np.concatenate(v) for k, v in parts.items()}
+    return pool_seeds([{"q": m["q"][i], "p": m["p"][i], "grad_q": m["gq"][i], "grad_p": m["gp"][i], "y2": m["y2"][i]}
+                       for i in range(len(m["q"]))])
+
+
+def forced_engine(spec):
+    """(run, delta): run() gives the engine's (rho, gradient q normalised at the top, IPR) per layer with delta[l]
+    added to every pair overlap after block l's last residual sum."""
+    from initadvisor.core import ops
+    from initadvisor.core.model import Stack, propagate
+    from initadvisor.diagnose import causal_trace
+    from initadvisor.stack import from_spec
+
+    net = from_spec(spec)
+    net = Stack(net.embeddings, tuple(copy.copy(P) for P in net.layers))  # each layer its own operations
+    last = {id([o for o in b if isinstance(o, ops.Residual)][-1]): l for l, b in enumerate(net.blocks)}
+    delta = np.zeros(len(net.blocks))
+    moments, causal = ops.Residual.moments, ops.Residual.causal
+
+    def shifted_moments(self, q, p, run=ops.moments_forward):
+        qo, po, c = moments(self, q, p, run)
+        l = last.get(id(self))
+        return (qo, po + delta[l] * (run is ops.moments_forward), c) if l is not None else (qo, po, c)
+
+    def shifted_causal(self, G, S):
+        out, c = causal(self, G, S)
+        l = last.get(id(self))
+        return (replace(out, P=out.P + delta[l]) if l is not None else out), c
+
+    def run():
+        ops.Residual.moments, ops.Residual.causal = shifted_moments, shifted_causal
+        try:
+            ct = causal_trace(net, backward=True)
+            if ct is not None:
+                return ct.rho_mean, ct.grad_q / ct.grad_q[-1], ct.y2.mean(axis=1)
+            t = propagate(net, means=True)
+            return np.ravel(t.rho), np.ravel(t.grad_q) / np.ravel(t.grad_q)[-1], np.ravel(t.y2)
+        finally:
+            ops.Residual.moments, ops.Residual.causal = moments, causal
+
+    return run, delta
+
+
+def force(run, delta, target, passes: int = PASSES):
+    """Set delta (in place) so that run()'s rho is `target` at every layer; returns run() there. q after a post-LN norm
+    is 1 and pre-LN's changes slowly, so each block's increment of the miss moves rho about 1:1."""
+    rho, g, y = run()
+    for _ in range(passes):
+        delta += np.diff(target - rho)
+        rho, g, y = run()
+    return rho, g, y
+
+
+def main() -> int:
+    from initadvisor.spec import build_spec
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("cell", help="norm:ratio:T:bi|causal")
+    ap.add_argument("--load", nargs="+", required=True, help="the cell's per-seed moments (batched_grid.py --save)")
+    ap.add_argument("--layers", type=int, default=50)
+    ap.add_argument("--d", type=int, default=720)
+    args = ap.parse_args()
+    try:
+        (cell,) = parse_cells(args.cell)
+        key = f"{cell[0]}:{cell[1]}:{cell[2]}:{'causal' if cell[3] else 'bi'}"
+        m = measured(args.load, key)
+    except (ValueError, OSError, KeyError) as e:
+        print(f"rho_forced: {e}", file=sys.stderr)
+        return 2
+    spec = build_spec(spec_for(*cell, args.layers, args.d))
+    run, delta = forced_engine(spec)
+    rho_m, g_m, g_se, y_m = m["rho"], m["grad_q_norm"], m["grad_q_norm_se"], m["y2"]
+    rho0, g0, y0 = run()
+    rho, g, y = force(run, delta, rho_m)
+    print(f"{key}, {m['seeds']} seeds: largest |rho - measured| {np.abs(rho0 - rho_m).max():.4f} as it is, "
+          f"{np.abs(rho - rho_m).max():.1e} forced")
+    print(f"{'layer':>5s} {'rho':>7s} {'err':>7s} | {'gradient':>10s} {'se':>5s} {'engine':>7s} {'forced':>7s} | "
+          f"{'IPR':>6s} {'engine':>7s} {'forced':>7s}")
+    for i in range(len(rho_m)):
+        ipr = f"{y_m[i]:6.3f} {y0[i] / y_m[i]:7.3f} {y[i] / y_m[i]:7.3f}" if i < len(y_m) else ""
+        print(f"{i:5d} {rho_m[i]:7.4f} {rho0[i] - rho_m[i]:+7.4f} | {g_m[i]:10.4g} {g_se[i] / g_m[i]:5.1%} "
+              f"{g0[i] / g_m[i]:7.3f} {g[i] / g_m[i]:7.3f} | {ipr}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
