@@ -112,14 +112,20 @@ def measure(spec, seeds: int, device: str = "cpu", chunk: int = 0, salt: str = "
     return {k: np.concatenate([p[k] for p in parts]) for k in NAMES}
 
 
+def pooled(m: dict[str, np.ndarray]) -> dict:
+    """`verify`'s measurement (means and standard errors over seeds) from per-seed moments `m`."""
+    from initadvisor.verification import pool_seeds
+
+    return pool_seeds([{"q": m["q"][i], "p": m["p"][i], "grad_q": m["gq"][i], "grad_p": m["gp"][i], "y2": m["y2"][i]}
+                       for i in range(len(m["q"]))])
+
+
 def report(spec, m: dict[str, np.ndarray]) -> dict:
     """`verify`'s comparison of the engine with per-seed moments `m`."""
-    from initadvisor.verification import compare, pool_seeds, theory_of
+    from initadvisor.verification import compare, theory_of
 
-    per_seed = [{"q": m["q"][i], "p": m["p"][i], "grad_q": m["gq"][i], "grad_p": m["gp"][i], "y2": m["y2"][i]}
-                for i in range(len(m["q"]))]
     trace, resolved = theory_of(spec)
-    return compare(spec, trace, pool_seeds(per_seed), theory=resolved)
+    return compare(spec, trace, pooled(m), theory=resolved)
 
 
 def key_of(norm: str, ratio: float, T: int, causal: bool) -> str:

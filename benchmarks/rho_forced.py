@@ -24,24 +24,20 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from batched_grid import NAMES  # noqa: E402
+from batched_grid import NAMES, pooled  # noqa: E402
 from phase_fidelity import parse_cells, spec_for  # noqa: E402
 
 PASSES = 12
 
 
 def measured(files: list[str], key: str) -> dict[str, np.ndarray]:
-    """`verify`'s pooled measurement (means and standard errors over seeds) of one cell's saved moments."""
-    from initadvisor.verification import pool_seeds
-
+    """`verify`'s pooled measurement of one cell's saved moments (several files: their seeds pooled)."""
     parts = {k: [] for k in NAMES}
     for f in files:
         with np.load(f) as z:
             for k in NAMES:
                 parts[k].append(z[f"{key}/{k}"].astype(np.float64))
-    m = {k: np.concatenate(v) for k, v in parts.items()}
-    return pool_seeds([{"q": m["q"][i], "p": m["p"][i], "grad_q": m["gq"][i], "grad_p": m["gp"][i], "y2": m["y2"][i]}
-                       for i in range(len(m["q"]))])
+    return pooled({k: np.concatenate(v) for k, v in parts.items()})
 
 
 def forced_engine(spec):
