@@ -30,14 +30,29 @@ from phase_fidelity import parse_cells, spec_for  # noqa: E402
 PASSES = 12
 
 
-def measured(files: list[str], key: str) -> dict[str, np.ndarray]:
+def measured(files: list[str], key: str, layers: int) -> dict[str, np.ndarray]:
     """`verify`'s pooled measurement of one cell's saved moments (several files: their seeds pooled)."""
     parts = {k: [] for k in NAMES}
     for f in files:
         with np.load(f) as z:
             for k in NAMES:
-                parts[k].append(z[f"{key}/{k}"].astype(np.float64))
+                if f"{key}/{k}" not in z.files:
+                    raise ValueError(f"{f}: no moments of cell {key}")
+                x = z[f"{key}/{k}"].astype(np.float64)
+                if x.ndim != 2 or x.shape[1] != layers + (k != "y2"):
+                    raise ValueError(f"{f}: cell {key} is not per-seed moments of {layers} layers")
+                parts[k].append(x)
     return pooled({k: np.concatenate(v) for k, v in parts.items()})
+
+
+def _fmt(x, fmt: str) -> str:
+    """x formatted, or '-' where it is not a finite number (an underflowed measurement's ratio)."""
+    return format(x, fmt) if np.isfinite(x) else format("-", ">" + fmt.split(".")[0])
+
+
+def _over(a, b, fmt: str) -> str:
+    """a / b formatted, or '-' where the measurement b is not positive."""
+    return _fmt(a / b if b > 0 else np.nan, fmt)
 
 
 def forced_engine(spec):
@@ -89,7 +104,7 @@ def force(run, delta, target, passes: int = PASSES):
 
 
 def main() -> int:
-    from initadvisor.spec import build_spec
+    from initadvisor.spec import SpecError, build_spec
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cell", help="norm:ratio:T:bi|causal")
@@ -98,13 +113,15 @@ def main() -> int:
     ap.add_argument("--d", type=int, default=720)
     args = ap.parse_args()
     try:
+        if args.layers < 1 or args.d < 2:
+            raise ValueError("--layers >= 1, --d >= 2")
         (cell,) = parse_cells(args.cell)
         key = f"{cell[0]}:{cell[1]}:{cell[2]}:{'causal' if cell[3] else 'bi'}"
-        m = measured(args.load, key)
-    except (ValueError, OSError, KeyError) as e:
+        m = measured(args.load, key, args.layers)
+        spec = build_spec(spec_for(*cell, args.layers, args.d))
+    except (ValueError, OSError, SpecError) as e:
         print(f"rho_forced: {e}", file=sys.stderr)
         return 2
-    spec = build_spec(spec_for(*cell, args.layers, args.d))
     run, delta = forced_engine(spec)
     rho_m, g_m, g_se, y_m = m["rho"], m["grad_q_norm"], m["grad_q_norm_se"], m["y2"]
     rho0, g0, y0 = run()
@@ -114,9 +131,10 @@ def main() -> int:
     print(f"{'layer':>5s} {'rho':>7s} {'err':>7s} | {'gradient':>10s} {'se':>5s} {'engine':>7s} {'forced':>7s} | "
           f"{'IPR':>6s} {'engine':>7s} {'forced':>7s}")
     for i in range(len(rho_m)):
-        ipr = f"{y_m[i]:6.3f} {y0[i] / y_m[i]:7.3f} {y[i] / y_m[i]:7.3f}" if i < len(y_m) else ""
-        print(f"{i:5d} {rho_m[i]:7.4f} {rho0[i] - rho_m[i]:+7.4f} | {g_m[i]:10.4g} {g_se[i] / g_m[i]:5.1%} "
-              f"{g0[i] / g_m[i]:7.3f} {g[i] / g_m[i]:7.3f} | {ipr}")
+        ipr = f"{_fmt(y_m[i], '6.3f')} {_over(y0[i], y_m[i], '7.3f')} {_over(y[i], y_m[i], '7.3f')}" if i < len(y_m) else ""
+        print(f"{i:5d} {_fmt(rho_m[i], '7.4f')} {_fmt(rho0[i] - rho_m[i], '+7.4f')} | {_fmt(g_m[i], '10.4g')} "
+              f"{_over(g_se[i], g_m[i], '5.1%')} "
+              f"{_over(g0[i], g_m[i], '7.3f')} {_over(g[i], g_m[i], '7.3f')} | {ipr}")
     return 0
 
 

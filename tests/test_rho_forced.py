@@ -30,3 +30,37 @@ def test_forcing_puts_rho_on_the_path(causal):
     assert np.all(np.abs(delta) > 1e-4)
     assert not np.allclose(g, g0, rtol=1e-3)  # the gradient reads the path
     assert (ops.Residual.moments, ops.Residual.causal) == before
+
+
+def _moments(path, key, seeds, layers, gq=1.0):
+    rng = np.random.default_rng(0)
+    q = 1.0 + 0.01 * rng.standard_normal((seeds, layers + 1))
+    np.savez(path, **{f"{key}/q": q, f"{key}/p": 0.3 * q, f"{key}/y2": np.full((seeds, layers), 0.2),
+                      f"{key}/gq": np.full((seeds, layers + 1), gq), f"{key}/gp": np.zeros((seeds, layers + 1))})
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    import rho_forced
+
+    f = tmp_path / "m.npz"
+    _moments(f, "post:1.5:16:causal", 4, 3)
+    for argv in (["post:1.5:16:bi", "--load", str(f)],  # no such cell in the file
+                 ["post:1.5:16:causal", "--layers", "5", "--load", str(f)],  # other layers
+                 ["post:1.5:16:causal", "--load", str(tmp_path / "none.npz")],
+                 ["post:1.5:16:causal", "--d", "1", "--load", str(f)]):
+        monkeypatch.setattr(sys, "argv", ["rho_forced.py", *argv])
+        assert rho_forced.main() == 2
+        err = capsys.readouterr().err
+        assert err.startswith("rho_forced: ") and err.count("\n") == 1
+
+
+def test_an_underflowed_measurement_prints_no_inf(tmp_path, monkeypatch, capsys):
+    import rho_forced
+
+    f = tmp_path / "m.npz"
+    _moments(f, "post:1.5:16:causal", 4, 3, gq=0.0)
+    monkeypatch.setattr(sys, "argv", ["rho_forced.py", "post:1.5:16:causal", "--layers", "3", "--d", "64",
+                                      "--load", str(f)])
+    assert rho_forced.main() == 0
+    out = capsys.readouterr().out
+    assert "inf" not in out and "nan" not in out and " - " in out
