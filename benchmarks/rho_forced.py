@@ -47,7 +47,7 @@ def measured(files: list[str], key: str, layers: int) -> dict[str, np.ndarray]:
 
 def _fmt(x, fmt: str) -> str:
     """x formatted, or '-' where it is not a finite number (an underflowed measurement's ratio)."""
-    return format(x, fmt) if np.isfinite(x) else format("-", ">" + fmt.split(".")[0])
+    return format(x, fmt) if np.isfinite(x) else "-".rjust(int(fmt.lstrip("+- ").split(".")[0] or 0))
 
 
 def _over(a, b, fmt: str) -> str:

@@ -64,3 +64,12 @@ def test_an_underflowed_measurement_prints_no_inf(tmp_path, monkeypatch, capsys)
     assert rho_forced.main() == 0
     out = capsys.readouterr().out
     assert "inf" not in out and "nan" not in out and " - " in out
+
+
+@pytest.mark.parametrize("fmt, width", [("+7.4f", 7), ("7.4f", 7), ("10.4g", 10), ("5.1%", 5), (".3f", 1)])
+def test_a_non_finite_value_prints_a_dash_at_its_width(fmt, width):
+    from rho_forced import _fmt
+
+    assert _fmt(np.nan, fmt) == "-".rjust(width)
+    assert _fmt(-np.inf, fmt) == "-".rjust(width)
+    assert _fmt(0.5, fmt) == format(0.5, fmt)
