@@ -4,6 +4,7 @@ cell at thousands of seeds in seconds.
 
 Usage: python benchmarks/batched_grid.py [--device cuda] [--seeds 1024] [--cells post:2.5:512:bi,...]
                                          [--layers 50] [--d 720] [--save FILE.npz] [--load FILE.npz ...]
+                                         [--field-law]
 
 The network is `phase_fidelity.py`'s (its `spec_for`; the weights' standard deviations are read from the spec's
 `draws`): inputs x_t = sqrt(0.03) c + sqrt(0.97) e_t with c, e_t ~ N(0, 2 I), a norm-free LayerNorm after them in
@@ -146,6 +147,8 @@ def main() -> int:
     ap.add_argument("--salt", default="", help="another set of seeds")
     ap.add_argument("--save", default="", help="keep the per-seed moments (npz)")
     ap.add_argument("--load", nargs="*", default=[], help="score saved per-seed moments instead of measuring")
+    ap.add_argument("--field-law", action="store_true",
+                    help="score with the causal rows' field law on (initadvisor.core.ops.FIELD_LAW)")
     try:
         args = ap.parse_args()
         cells = parse_cells(args.cells)
@@ -154,6 +157,10 @@ def main() -> int:
     except ValueError as e:
         print(f"batched_grid: bad arguments: {e}", file=sys.stderr)
         return 2
+    if args.field_law:
+        from initadvisor.core import ops
+
+        ops.FIELD_LAW = True
     saved = {}
     try:
         for f in args.load:

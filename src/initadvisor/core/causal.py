@@ -399,6 +399,9 @@ class AttentionRows:
     structure: tuple | None = None  # rows over all keys: what Attention._key_structure reads (sums, qbar, kbar, pbar)
     shares: tuple | None = None  # rows over all keys: (K, K) [row group, key group] a key's share of E[A], of E[A^2]
     # and of the scores' gradient over uniform rows' (Attention._key_shares), None where uniform
+    field: tuple | None = None  # rows over all keys with the keys' field law on: what Attention._key_half reads
+    key_half: tuple | None = None  # set by the first backward from `field`: per row the query/key path's key half over
+    # the engine's, and per row and key group a key's share of it (Attention._key_half)
     qk_share: float = 0.0  # set by the backward: the share of the gradient's q at the input through that path
     phi: np.ndarray | float | None = None  # set by the first backward: the query half's factor over the keys'
     # structure (Attention._key_structure; 1 where it cannot show), so that every later one is the same linear map

@@ -32,7 +32,8 @@ from initadvisor.core import distances as dz
 from initadvisor.core import gradients as gr
 from initadvisor.core import kernels, routing
 from initadvisor.core.repeats import SIGMA_MAX, at_lengths, query_token_share, token_rows
-from initadvisor.core.softmax_rows import expected_y, field_rows_y2, key_shares, power_sums, prefix_spread
+from initadvisor.core.softmax_rows import (expected_overlap, expected_y, field_key_half, field_rows, field_rows_y2, key_shares,
+                                          power_sums, prefix_spread)
 from initadvisor.core.sorting import median, unique
 
 GATED = {"swiglu": "silu", "geglu": "gelu"}  # gated MLP -> the activation of its gate
@@ -42,6 +43,9 @@ _FIELD_GROUPS = (4, 1.4)  # Attention._field_factor's coarser groups: 12-17 at T
 _FIELD_DRAWS = (32, 256)  # its field draws (QMC): 256 hold the IPR within 0.7%, the gradient 0.6% of 1024 draws' on
 # issue 13's grid; 32 first, to tell the layers where the keys' structure moves no row's IPR by _FIELD_NEGLIGIBLE
 _FIELD_NEGLIGIBLE = 0.003
+FIELD_LAW = False  # Attention.causal's rows from the keys' field law (_field_law, _key_half): exact at infinite width,
+# off until the causal engine carries the width's pull (docs/phase-grid.md, "The field law in the engine")
+_FIELD_LAW_DRAWS = 64  # their field draws (QMC)
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
@@ -741,7 +745,13 @@ class Attention:
         bc = self._qk_normed_beta_c(qbar, kbar, qq) if P.qk_norm != "none" else att.beta_c(qbar, kbar, qq)
         y2, v, ys = cz.row_statistics(P.beta, bc, lnT, m)
         ends = G.edges[1:] - 1  # each group at its last row: keys the groups up to it
-        y2 = y2 * self._field_factor(G, qf, Pm, cz.row_std(P.beta, bc[ends], lnT))
+        s_row = cz.row_std(P.beta, bc, lnT)
+        cf = self._coarse_field(G, qf, Pm, s_row[ends])
+        ff = self._field_factor(G, cf)
+        y2 = y2 * ff
+        law = None  # the field law where the keys' structure moves the rows (not centred rows, token repeats)
+        if FIELD_LAW and not (np.isscalar(ff) or P.centered or P.repeat_vocab):
+            law = self._field_law(G, qf, Pm, cf)
         sums = self._structure_sums(G, qf, Pm)
         phi = att.coweighting(m[ends], cz.row_x(P.beta, bc, lnT, m)[ends], sums)
         shares = None  # (centered rows: the rows' means are taken off, and there is no position-resolved backward)
@@ -759,7 +769,11 @@ class Attention:
         sv, sy, gv = cz.gmean(G, np.sqrt(v)), cz.gmean(G, np.sqrt(y2)), cz.gmean(G, gap_v)
         amax = G.A[G.hi]
         amax[np.diag_indices(K)] = G.Amax
-        yp = np.minimum(np.exp(rho_q * np.multiply.outer(sv, sv)) * amax, np.multiply.outer(sy, sy))
+        yp = np.exp(rho_q * np.multiply.outer(sv, sv)) * amax
+        if law is not None:  # between one query and independent ones: the i.i.d. pair law's shape in rho
+            y0, y1 = law[1:]
+            yp = amax + y0 + (y1 - y0) * self._pair_shape(cz.gmean(G, s_row)[G.lo], cz.gmean(G, m)[G.lo], rho_q)
+        yp = np.minimum(yp, np.multiply.outer(sy, sy))
         overlap = yp / np.multiply.outer(sy, sy)
         shared = yp - amax
         gm = cz.gmean(G, m)  # each group at its mean row length
@@ -780,6 +794,8 @@ class Attention:
                 Ug = self._weighed_means(G, qg, Pm, shares[0])
                 out += g_v * Ug
                 diag += g_v * np.diag(Ug)[gid]
+        if law is not None:  # each row's own output beyond its keys' mean overlap from the law
+            diag = g_v * (tot / (m * m) + law[0]) + b_v2 + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
         e = P.repeat_rho if S.R is None else _token_share(G, S)
         rep = self._repeats(bc, lnT, m, qbar, kbar, e)
         diag += rep
@@ -794,8 +810,9 @@ class Attention:
         out, R = self._weigh_copies(two, qg, amax, e, out, R, None if R is None else rho_r)
         O = self._output(diag, out, R, (G.single, G.single), S.w, self._spread(ys, y2 * gap_v + rep, m, e, qbar, diag))
         qk = (lnT, m, qq, qbar - kbar, kbar + qb, g_v * np.maximum(qbar - pbar, 0.0), ys)
+        field = None if law is None else (qf, Pm, cf, gr.jacobian_trace(*ys) * np.maximum(qbar - pbar, 0.0))
         return O, cz.AttentionRows(y2, bc, O.qf, qk, overlap=overlap, shared=shared,
-                                   structure=(sums, qbar, kbar, pbar), shares=shares)
+                                   structure=(sums, qbar, kbar, pbar), shares=shares, field=field)
 
     def _key_overlaps(self, G, qf, Pm):
         """The keys' overlaps as the scores see them, per group (K_ss) and group pair (summed over its ordered position
@@ -813,9 +830,7 @@ class Attention:
         the scores see them (_key_overlaps) and the values' (C: the input's, the value gain cancels where they are
         read)."""
         kd, Kp = self._key_overlaps(G, qf, Pm)
-        pairs = np.multiply.outer(G.n, G.n)
-        pairs[np.diag_indices(len(G.n))] = G.pairs
-        return cz.prefix_pair_sums(G, kd, Kp, cz.gmean(G, qf), pairs * Pm, Kp * Pm)
+        return cz.prefix_pair_sums(G, kd, Kp, cz.gmean(G, qf), _ordered_pairs(G.n) * Pm, Kp * Pm)
 
     @staticmethod
     def _weighed_means(G, qg, Pm, W):
@@ -829,37 +844,105 @@ class Attention:
         A = A1 * W
         return A @ C @ A.T - A1 @ C @ A1.T
 
-    def _field_factor(self, G, qf, Pm, s):
-        """Per row: its IPR when its keys' scores correlate as the keys do, over i.i.d. scores' of the same spread
-        (softmax_rows.field_rows_y2 on coarser groups, _FIELD_GROUPS, at their last rows; linear in ln m between them,
-        1 for one key). s: the rows' score std at each group's last row. Past beta_c in post-LN a causal row's keys are
-        positional clusters of alike tokens: a row that localizes spreads its weight over a cluster, so its IPR is lower
-        than i.i.d. scores' (the numpy network's late rows at 2.5 beta_c, T 512: 28% at block 44). 1 where no row's
-        scores spread by 0.3 (uniform rows: the structure moves the IPR as s^4)."""
+    def _coarse_field(self, G, qf, Pm, s):
+        """The keys' structure on coarser groups (_FIELD_GROUPS): (M, n, F, own, m, c, ok), M the position groups each
+        holds, n their keys, F two distinct keys' score overlaps (a one-key group's own q), own a key's own part, m the
+        rows' keys at each one's last row, c the score scale there (s^2 over the row's keys' spread, s the rows' score
+        std at each position group's last row) and ok the rows it is resolved for; None where no row's scores spread
+        by 0.3 (uniform rows: the structure moves the IPR as s^4) or the structure is unresolved."""
         if not np.nanmax(np.where(G.edges[1:] > 1, s, 0.0), initial=0.0) >= 0.3:
-            return 1.0
+            return None
         kd, Kp = self._key_overlaps(G, qf, Pm)
         M = cz.coarser(G.edges, *_FIELD_GROUPS)
         n = M @ G.n
-        pairs = np.multiply.outer(n, n)
-        pairs[np.diag_indices(len(n))] = n * (n - 1.0)
-        F = np.where(pairs > 0, (M @ Kp @ M.T) / np.maximum(pairs, 1.0), 0.0)
-        q = (M @ (G.n * kd)) / n
-        single = n == 1
-        own = np.where(single, 0.0, np.maximum(q - np.diag(F), 0.0))
-        F[np.diag_indices(len(n))] = np.where(single, q, np.diag(F))
+        F, own = _field_of(n, M @ Kp @ M.T, (M @ (G.n * kd)) / n)
         m = np.cumsum(n)
         last = np.searchsorted(G.edges[1:], m)  # each coarser group's last group
         with np.errstate(invalid="ignore", divide="ignore"):
             c = s[last] ** 2 / prefix_spread(n, F, own)
         ok = (m > 1) & np.isfinite(c) & (c > 0)
         if not ok.any() or not np.all(np.isfinite(F)):
+            return None
+        return M, n, F, own, m, min(float(np.median(c[ok])), 1e6), ok
+
+    def _field_factor(self, G, cf):
+        """Per row: its IPR when its keys' scores correlate as the keys do, over i.i.d. scores' of the same spread
+        (softmax_rows.field_rows_y2 on the coarser groups of _coarse_field `cf`, at their last rows; linear in ln m
+        between them, 1 for one key). Past beta_c in post-LN a causal row's keys are positional clusters of alike
+        tokens: a row that localizes spreads its weight over a cluster, so its IPR is lower than i.i.d. scores' (the
+        numpy network's late rows at 2.5 beta_c, T 512: 28% at block 44). 1 without structure (cf None)."""
+        if cf is None:
             return 1.0
-        y, ref = field_rows_y2(min(float(np.median(c[ok])), 1e6), n, F, own, _FIELD_DRAWS, _FIELD_NEGLIGIBLE)
+        _, n, F, own, m, c, ok = cf
+        y, ref = field_rows_y2(c, n, F, own, _FIELD_DRAWS, _FIELD_NEGLIGIBLE)
         with np.errstate(invalid="ignore", divide="ignore"):
             f = np.where(ok & (ref > 0), y / ref, 1.0)
         f = np.where(np.isfinite(f), f, 1.0)
         return np.interp(np.log(G.m), np.log(np.r_[1.0, m]), np.r_[1.0, f])
+
+    def _field_law(self, G, qf, Pm, cf):
+        """What the keys' field law adds to uniform rows': per row, its own output E[a^T C a] beyond the values' mean
+        overlap over its keys (C the values' overlaps); per pair of position groups at their mean rows, two rows'
+        overlap E sum_j A_j B_j beyond 1 / max(m, n), at independent queries (Y0) and at one query (Y1).
+        softmax_rows.field_rows on _coarse_field's groups `cf`, linear in ln m between their rows and bilinear in the
+        two rows' ln m. Where a causal row localizes, its keys' positional clusters set both: the i.i.d. laws give
+        the late rows' overlaps 2.6-3.9x off at 2.5 beta_c, T 512."""
+        M, n, F, own, m, c, _ = cf
+        Pv, qv = self._coarse_values(G, qf, Pm, M, n)
+        law = field_rows(c, n, F, own, Pv, qv, _FIELD_LAW_DRAWS)
+        if law is None:
+            return None
+        _, ea, out, y1 = law
+        pairs = np.cumsum(np.cumsum(Pv * np.multiply.outer(n, n), axis=0), axis=1).diagonal()
+        mean = (pairs + np.cumsum(n * (qv - np.diag(Pv)))) / (m * m)  # uniform rows' own output
+        uniform = 1.0 / np.maximum.outer(m, m)
+        x, at = np.log(m), np.log(cz.gmean(G, G.m))
+        return (np.interp(np.log(G.m), x, out - mean), _bilinear(x, (ea * n) @ ea.T - uniform, at),
+                _bilinear(x, y1 - uniform, at))
+
+    def _key_half(self, G, qf, Pm, cf, iid):
+        """The query/key path's key half from the keys' field law (softmax_rows.field_key_half, every position group
+        a key, at _coarse_field's rows; linear in ln m between them): per row, its total sum_j E[(M C M)_jj] over the
+        engine's E tr M^2 (q - p) (`iid`, per row), and per row group and key group one key's share of it over the
+        row's mean (each group at its last row). A localized row's recent keys carry its scores' gradient, and its
+        early ones, alike and read by every row, less than their spread says."""
+        _, _, _, _, m, c, _ = cf
+        n = G.n
+        F, own = _field_of(n, *self._key_overlaps(G, qf, Pm)[::-1])
+        rows = np.searchsorted(G.edges[1:], m)  # the coarser groups' last position groups
+        kh = field_key_half(c, n, F, own, Pm, cz.gmean(G, qf), rows.tolist(), _FIELD_LAW_DRAWS)
+        if kh is None:
+            return None
+        ends = G.edges[1:].astype(float)
+        u = np.clip(np.interp(np.log(ends), np.log(m), np.arange(len(m), dtype=float)), 0.0, len(m) - 1.0)
+        i0 = np.minimum(u.astype(int), max(len(m) - 2, 0))
+        i1 = np.minimum(i0 + 1, len(m) - 1)
+        f = (u - i0)[:, None]
+        K = len(n)
+        keys = np.arange(K)[None, :] <= np.arange(K)[:, None]
+        lower = np.arange(K)[None, :] <= rows[i0][:, None]  # key groups the lower coarse row has
+        per = np.where(lower, kh[i0] * (1.0 - f) + kh[i1] * f, kh[i1]) * keys  # (row group, key group): one key's
+        tot = per @ n
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.where(keys, per * ends[:, None] / tot[:, None], 1.0)
+            ratio = np.interp(np.log(G.m), np.log(ends), tot) / iid
+        ok = np.isfinite(share) & (share >= 0.0)
+        return np.where(np.isfinite(ratio) & (ratio > 0.0), ratio, 1.0), np.where(ok, share, 1.0)
+
+    @staticmethod
+    def _coarse_values(G, qf, Pm, M, n):
+        """The values' overlaps on coarser groups M (n keys each): two distinct keys' (Pv) and a key's own (qv)."""
+        return _pair_means(n, M @ (_ordered_pairs(G.n) * Pm) @ M.T), (M @ (G.n * cz.gmean(G, qf))) / n
+
+    @staticmethod
+    def _pair_shape(s, m, rho):
+        """Two i.i.d. rows' overlap at their queries' correlation rho, between independent queries (0) and one query
+        (1): (Yp(rho) - 1/m) / (Y2 - 1/m) at the earlier row's score std s and keys m (softmax_rows' pair table)."""
+        s, m, rho = np.broadcast_arrays(s, m, rho)
+        lo, hi, at = expected_overlap(np.stack([s] * 3), np.stack([m] * 3), np.stack([0.0 * rho, 1.0 + 0.0 * rho, rho]))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            f = (at - lo) / (hi - lo)
+        return np.clip(np.where(np.isfinite(f), f, 1.0), 0.0, 1.0)
 
     def _key_shares(self, G, qf, Pm, s):
         """Per row group (at its last row: keys the groups up to it) and key group, one key's share of the row's E[A],
@@ -1071,11 +1154,17 @@ class Attention:
         if rows.weights is not None:
             return self._alibi_backward(S, rows, g, g_o * S.P)
         a, a_key, h = self._qk_rows(rows.beta_c, *rows.qk)
+        if rows.field is not None and rows.key_half is None:  # (the first backward: every later one reads it)
+            rows.key_half = self._key_half(G, *rows.field) or ()
+        if rows.key_half:
+            a_key = a_key * rows.key_half[0]
         e, ek = a * g, a_key * g  # row t's query half, and its key half over its keys
         Pg = g_o * S.P
         if rows.keys is None:  # causal rows over all keys, on position groups
             m, hc = G.m, cz.gmean(G, h)
             v_share, k_share = (None, None) if rows.shares is None else rows.shares[1:]
+            if rows.key_half:
+                k_share = rows.key_half[1]
             B = cz.mix_backward_rows(G, cz.State(g, Pg), rows.y2, drop, rows.shared, v_share)
             Zh = Pg * np.multiply.outer(hc, hc) * rows.overlap * ~np.diag(G.single)
             cols = cz.pair_suffix(G, Zh, 1.0 / m)[0]
@@ -1504,6 +1593,41 @@ class Attention:
             w = mask.to(v.dtype) if mask is not None else torch.ones(T, T, dtype=v.dtype, device=u.device)
             out = out - (w / w.sum(-1, keepdim=True)) @ v
         return m.o(out.transpose(1, 2).reshape(B, T, h * P.d_head))
+
+
+def _ordered_pairs(n: np.ndarray) -> np.ndarray:
+    """Per pair of groups of n keys: their ordered pairs of distinct keys (n_g n_h; n (n - 1) within a group)."""
+    pairs = np.multiply.outer(n, n)
+    pairs[np.diag_indices(len(n))] = n * (n - 1.0)
+    return pairs
+
+
+def _pair_means(n: np.ndarray, sums: np.ndarray) -> np.ndarray:
+    """Two distinct keys' mean overlap per pair of groups of n keys from its ordered pairs' summed overlaps (0 where
+    there are none)."""
+    pairs = _ordered_pairs(n)
+    return np.where(pairs > 0, sums / np.maximum(pairs, 1.0), 0.0)
+
+
+def _field_of(n: np.ndarray, sums: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The keys' field over groups of n keys, as softmax_rows.field_rows_y2 takes it: two distinct keys' mean score
+    overlap per pair of groups (a one-key group's own q on the diagonal) and a key's own part beyond its group's common
+    one, from the ordered pairs' summed overlaps and a key's q per group."""
+    F = _pair_means(n, sums)
+    single = n == 1
+    own = np.where(single, 0.0, np.maximum(q - np.diag(F), 0.0))
+    F[np.diag_indices(len(n))] = np.where(single, q, np.diag(F))
+    return F, own
+
+
+def _bilinear(x: np.ndarray, V: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """V (values at x x x, x increasing) at every pair of points of `at`, bilinear (held beyond x's ends)."""
+    u = np.clip(np.interp(at, x, np.arange(len(x), dtype=float)), 0.0, len(x) - 1.0)
+    i = np.minimum(u.astype(int), max(len(x) - 2, 0))
+    f = u - i
+    j = np.minimum(i + 1, len(x) - 1)
+    rows = V[i] * (1.0 - f)[:, None] + V[j] * f[:, None]
+    return rows[:, i] * (1.0 - f)[None, :] + rows[:, j] * f[None, :]
 
 
 def _path_share(qk, total):

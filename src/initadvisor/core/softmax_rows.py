@@ -472,53 +472,55 @@ _FINE = 8  # the field functions' points per unit of ln t (cubic from the key no
 _FINE_N = int(round((_KS_W[-1] - _KS_W[0]) * _FINE)) + 1  # their points over _KS_W
 
 
-@lru_cache(maxsize=512)
-def _field_node(j: int) -> tuple[np.ndarray, np.ndarray]:
-    """At the key shares' std node j, over _KS_W: ln(-ln phi) and ln(t^2 psi_2) - ln phi, both near-linear in ln t
-    where phi is near 1 and smooth where it falls. Where ln phi < -30 the key takes e^-30 off every row's integrand
-    (and the node's phi, 1 - (1 - phi) in float64, has lost its digits): held there, V marked -1e30."""
-    lp, _, l2, *_ = _key_node_all(j)
+@lru_cache(maxsize=1024)
+def _field_node(j: int, k: int) -> np.ndarray:
+    """At the key shares' std node j, over _KS_W: ln(-ln phi) (k 0) or ln(t^k psi_k) - ln phi (k 1..4), near-linear in
+    ln t where phi is near 1 and smooth where it falls. Where ln phi < -30 the key takes e^-30 off every row's
+    integrand (and the node's phi, 1 - (1 - phi) in float64, has lost its digits): held there (k 0) or marked -1e30."""
+    lp, *lk = _key_node_all(j)
     dead = lp < -30.0
-    with np.errstate(divide="ignore"):
-        u = np.log(np.maximum(-lp, 1e-300))
-    return _read_only(np.where(dead, math.log(30.0), u)), _read_only(np.where(dead, -1e30, l2 - lp))
+    if k == 0:
+        with np.errstate(divide="ignore"):
+            return _read_only(np.where(dead, math.log(30.0), np.log(np.maximum(-lp, 1e-300))))
+    return _read_only(np.where(dead, -1e30, lk[k - 1] - lp))
 
 
-@lru_cache(maxsize=512)
-def _fine_node(j: int) -> tuple[np.ndarray, np.ndarray]:
-    """_field_node's pair on ln t = _KS_W[0] + k / _FINE over all of _KS_W, cubic (Catmull-Rom) between the node's
-    points; V -1e30 wherever the stencil touches a point past ln phi = -30."""
-    u0, v0 = _field_node(j)
+@lru_cache(maxsize=1024)
+def _fine_node(j: int, k: int) -> np.ndarray:
+    """_field_node's row on ln t = _KS_W[0] + i / _FINE over all of _KS_W, cubic (Catmull-Rom) between the node's
+    points; -1e30 (k >= 1) wherever the stencil touches a point past ln phi = -30."""
+    v0 = _field_node(j, k)
     x = np.arange(_FINE_N) / (_FINE * _KS_H)  # in the node grid's index
     i = np.clip(x.astype(np.int64), 1, _KS_W.size - 3)
     t = x - i
     wts = (((-t + 2.0) * t - 1.0) * t / 2.0, ((3.0 * t - 5.0) * t * t + 2.0) / 2.0,
            ((-3.0 * t + 4.0) * t + 1.0) * t / 2.0, (t - 1.0) * t * t / 2.0)  # at i - 1 .. i + 2
     dead = np.zeros(i.shape, dtype=bool)
-    for k in range(4):
-        dead |= v0[i + k - 1] < -1e29
-    U = sum(w * u0[i + k - 1] for k, w in enumerate(wts))
-    V = sum(w * np.maximum(v0, -1e4)[i + k - 1] for k, w in enumerate(wts))
-    return _read_only(U), _read_only(np.where(dead, -1e30, V))
+    for o in range(4):
+        dead |= v0[i + o - 1] < -1e29
+    V = sum(w * np.maximum(v0, -1e4)[i + o - 1] for o, w in enumerate(wts))
+    return _read_only(np.where(dead, -1e30, V))
 
 
-def _field_functions(sig: float, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray, float]:
-    """(U, V, y0): _field_node's pair at std sig on ln t = y0 + k / _FINE over [lo, hi] (held at _KS_W's ends),
-    linear in u = ln(1 + 2 sig) between the nodes' fine tables (_fine_node); sig 0: U = y, V = 2y exactly."""
+def _field_functions(sig: float, lo: float, hi: float, ks=(0, 2)) -> tuple[list, float]:
+    """([one table per k], y0): _field_node's rows k at std sig on ln t = y0 + i / _FINE over [lo, hi] (held at
+    _KS_W's ends), linear in u = ln(1 + 2 sig) between the nodes' fine tables (_fine_node); sig 0: exactly y (k 0) and
+    k y (k >= 1)."""
     a = max(math.floor((lo - _KS_W[0]) * _FINE) - 1, 0)
     b = min(math.ceil((hi - _KS_W[0]) * _FINE) + 2, _FINE_N)
     b = max(b, a + 2)
     y0 = _KS_W[0] + a / _FINE
     if not sig > 0.0:
         y = y0 + np.arange(b - a) / _FINE
-        return y, 2.0 * y, y0
+        return [y if k == 0 else k * y for k in ks], y0
     u = math.log1p(2.0 * min(sig, _KEY_MAX)) / _KS_STEP
     j = int(u)
     f = u - j
-    (u0, v0), (u1, v1) = _fine_node(j), _fine_node(j + 1)
-    U = u0[a:b] + (u1[a:b] - u0[a:b]) * f
-    V = np.where((v0[a:b] < -1e29) | (v1[a:b] < -1e29), -1e30, v0[a:b] + (v1[a:b] - v0[a:b]) * f)
-    return U, V, y0
+    out = []
+    for k in ks:
+        v0, v1 = _fine_node(j, k)[a:b], _fine_node(j + 1, k)[a:b]
+        out.append(v0 + (v1 - v0) * f if k == 0 else np.where((v0 < -1e29) | (v1 < -1e29), -1e30, v0 + (v1 - v0) * f))
+    return out, y0
 
 
 def _own_variances(Fc: np.ndarray, J: np.ndarray, single: np.ndarray) -> np.ndarray:
@@ -538,18 +540,20 @@ def _own_variances(Fc: np.ndarray, J: np.ndarray, single: np.ndarray) -> np.ndar
     return np.zeros(G) if not top > 0 else 0.999 * u / top
 
 
-def _on_fine(U: np.ndarray, V: np.ndarray, y0: float, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """e^U and e^V at y, linear in U and V between the fine points (held beyond the tables); tables of several rows
-    (2-D) are read row by row with y's rows."""
-    width = U.shape[-1]
+def _on_fine(tables, y0: float, y: np.ndarray) -> list[np.ndarray]:
+    """e^table at y for each table, linear in the table between the fine points (held beyond them); tables of several
+    rows (2-D) are read row by row with y's rows."""
+    width = tables[0].shape[-1]
     x = np.clip((y - y0) * _FINE, 0.0, width - 1.0)
     i = np.minimum(x.astype(np.int64), width - 2)
     f = x - i
-    if U.ndim > 1:
-        i = i + width * np.arange(U.shape[0])[:, None]
-    U, V = U.ravel(), V.ravel()
-    return (np.exp(np.minimum(U[i] + (U[i + 1] - U[i]) * f, 600.0)),
-            np.exp(np.minimum(V[i] + (V[i + 1] - V[i]) * f, 600.0)))
+    if tables[0].ndim > 1:
+        i = i + width * np.arange(tables[0].shape[0])[:, None]
+    out = []
+    for T in tables:
+        T = T.ravel()
+        out.append(np.exp(np.minimum(T[i] + (T[i + 1] - T[i]) * f, 600.0)))
+    return out
 
 
 def _prefix_rows(n: np.ndarray, a: np.ndarray, sig: np.ndarray) -> np.ndarray:
@@ -569,8 +573,8 @@ def _prefix_rows(n: np.ndarray, a: np.ndarray, sig: np.ndarray) -> np.ndarray:
     out = np.empty(G)
     for g in range(G):
         y = w + a[:, g:g + 1]
-        U, V, y0 = _field_functions(float(sig[g]), float(y.min()), float(y.max()))
-        eu, ev = _on_fine(U, V, y0, y)
+        tabs, y0 = _field_functions(float(sig[g]), float(y.min()), float(y.max()))
+        eu, ev = _on_fine(tabs, y0, y)
         S += n[g] * eu
         num += n[g] * ev
         out[g] = float((np.exp(-S) * num).sum())
@@ -585,8 +589,7 @@ def _iid_rows(m: np.ndarray, sig: np.ndarray) -> np.ndarray:
     nw = int(math.ceil(float((3.6 + 4.5 * sig - left).max()) / h)) + 1  # (a row's own right end, or past it)
     w = left[:, None] + h * np.arange(nw)
     tabs = [_field_functions(float(s), float(w.min()), float(w.max())) for s in sig]  # one range: equal lengths
-    U, V = np.stack([t[0] for t in tabs]), np.stack([t[1] for t in tabs])
-    eu, ev = _on_fine(U, V, tabs[0][2], w)
+    eu, ev = _on_fine([np.stack([t[0][k] for t in tabs]) for k in (0, 1)], tabs[0][1], w)
     return np.minimum((np.exp(-m[:, None] * eu) * m[:, None] * ev).sum(axis=1) * h, 1.0)
 
 
@@ -601,19 +604,10 @@ def prefix_spread(n: np.ndarray, F: np.ndarray, own: np.ndarray) -> np.ndarray:
     return np.where(m > 1, trace / m - (tot - trace) / (m * np.maximum(m - 1.0, 1.0)), 0.0)
 
 
-def field_rows_y2(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, draws=FIELD_DRAWS, negligible: float = 0.0
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """E[Y2] of the rows over key groups 0..r, for every r, and of i.i.d. rows of each one's spread (the same
-    quadrature, so that their ratio is exactly 1 for exchangeable keys): a key of group g (n[g] keys) scores
-    sqrt(c) (f_g + e_k), the field f ~ N(0, F) shared by the group's keys (F[g, g] their common part), e_k ~ N(0,
-    own[g]) its own. Given the field the keys are independent, so E[Y2 | f] is the module docstring's quadrature with
-    the keys' product over groups, int t^2 sum psi_2 / phi prod phi d ln t at each key's shift (every prefix at once:
-    cumulative sums); the field is drawn (the first `draws` of the shipped QMC normals, in its principal
-    directions). One-key groups' variance unique of the rest moves to their own parts first (_own_variances): less
-    to draw. `draws` may be increasing counts tried in turn: after each, where no row is `negligible` (relative) off
-    the i.i.d. rows, they are the answer (both results i.i.d.)."""
-    n = np.asarray(n, dtype=float)
-    own = np.asarray(own, dtype=float)
+def _field_basis(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray):
+    """(c ev, vec, sig): the field's principal variances and directions as the scores see them (centred: a row does
+    not see a shift common to its keys), after one-key groups' variance unique of the rest moved to their own parts
+    (_own_variances: less to draw), and the keys' own score stds sig."""
     G = n.size
     m = np.cumsum(n)
     J = np.eye(G) - np.outer(np.ones(G), n / m[-1])
@@ -622,23 +616,174 @@ def field_rows_y2(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, draws
     moved = _own_variances(Fc, J, n == 1)
     ev, vec = np.linalg.eigh(Fc - (J * moved) @ J.T)
     order = np.argsort(ev)[::-1]
-    ev, vec = np.maximum(ev[order], 0.0), vec[:, order]
+    return c * np.maximum(ev[order], 0.0), vec[:, order], np.sqrt(c * np.maximum(own + moved, 0.0))
+
+
+def _field_shifts(cev: np.ndarray, vec: np.ndarray, draws: int, smooth: bool = False) -> np.ndarray:
+    """(draws, G): the keys' shifts by group, the first `draws` of the shipped QMC normals in the field's principal
+    directions, largest first (pseudo-random normals beyond the table's dimensions: the smallest); one draw at 0 where
+    no field is left. `smooth`: times the field's symmetric square root instead, a smooth map of the field where the
+    principal directions swap and turn as two of their variances cross (the engine's maps stay smooth in their state,
+    which the walk differentiates: 64 draws in the principal directions moved its factor by 1.2%), at some of the
+    principal order's convergence (field_rows_y2's IPR at 256 draws, 2.5 beta_c, T 512: 4 points)."""
+    G = len(cev)
+    if cev[0] < 1e-8:
+        return np.zeros((1, G))
+    z = _field_normals()[:int(draws)]
+    if G > z.shape[1]:
+        z = np.concatenate([z, np.random.default_rng(G).standard_normal((z.shape[0], G - z.shape[1]))], axis=1)
+    if smooth:
+        return z[:, :G] @ ((vec * np.sqrt(cev)) @ vec.T)
     vec = vec * np.sign(vec[np.argmax(np.abs(vec), axis=0), np.arange(G)])  # one sign per direction, whatever eigh's
-    sig = np.sqrt(c * np.maximum(own + moved, 0.0))
+    return (z[:, :G] * np.sqrt(cev)) @ vec.T
+
+
+def field_rows_y2(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, draws=FIELD_DRAWS, negligible: float = 0.0
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """E[Y2] of the rows over key groups 0..r, for every r, and of i.i.d. rows of each one's spread (the same
+    quadrature, so that their ratio is exactly 1 for exchangeable keys): a key of group g (n[g] keys) scores
+    sqrt(c) (f_g + e_k), the field f ~ N(0, F) shared by the group's keys (F[g, g] their common part), e_k ~ N(0,
+    own[g]) its own. Given the field the keys are independent, so E[Y2 | f] is the module docstring's quadrature with
+    the keys' product over groups, int t^2 sum psi_2 / phi prod phi d ln t at each key's shift (every prefix at once:
+    cumulative sums); the field is drawn (the first `draws` of the shipped QMC normals, _field_shifts). One-key
+    groups' variance unique of the rest moves to their own parts first (_own_variances): less
+    to draw. `draws` may be increasing counts tried in turn: after each, where no row is `negligible` (relative) off
+    the i.i.d. rows, they are the answer (both results i.i.d.)."""
+    n = np.asarray(n, dtype=float)
+    own = np.asarray(own, dtype=float)
+    G = n.size
+    m = np.cumsum(n)
+    cev, vec, sig = _field_basis(c, n, F, own)
     s_iid = np.sqrt(c * np.maximum(prefix_spread(n, F, own), 0.0))  # i.i.d. rows of each prefix's spread
-    if not (c * ev[0] <= _FIELD_MAX**2 and max(sig.max(), s_iid.max()) <= _FIELD_MAX):  # all but one-hot, or unresolved
+    if not (cev[0] <= _FIELD_MAX**2 and max(sig.max(), s_iid.max()) <= _FIELD_MAX):  # all but one-hot, or unresolved
         return np.ones(G), np.ones(G)
     iid = np.where(m > 1, _iid_rows(m, s_iid), 1.0)
     y = iid
     for d in np.atleast_1d(draws):
-        if c * ev[0] < 1e-8:  # no field left: one draw at f = 0
-            a = np.zeros((1, G))
-        else:
-            z = _field_normals()[:int(d)]
-            if G > z.shape[1]:  # beyond the table's dimensions, pseudo-random normals (the smallest directions)
-                z = np.concatenate([z, np.random.default_rng(G).standard_normal((z.shape[0], G - z.shape[1]))], axis=1)
-            a = (z[:, :G] * np.sqrt(c * ev)) @ vec.T
-        y = np.where(m > 1, _prefix_rows(n, a, sig), 1.0)
+        y = np.where(m > 1, _prefix_rows(n, _field_shifts(cev, vec, d), sig), 1.0)
         if not np.max(np.abs(y / iid - 1.0)) >= negligible:
             return iid, iid
     return y, iid
+
+
+def _field_integrands(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, draws: int, ks: int):
+    """The field law's integrands on one ln t lattice per draw: (h, S, [T_1 .. T_(ks - 1)]), h the lattice's step, S
+    (G, D, nw) the rows' -ln prod phi over groups 0..r, T_k (G, D, nw) a key of group g's t^k psi_k / phi (field_rows'
+    X, W); None where the rows are all but one-hot or unresolved (as field_rows_y2)."""
+    cev, vec, sig = _field_basis(c, n, F, np.asarray(own, dtype=float))
+    if not (cev[0] <= _FIELD_MAX**2 and sig.max() <= _FIELD_MAX):
+        return None
+    a = _field_shifts(cev, vec, draws, smooth=True)
+    G, D = n.size, a.shape[0]
+    big = np.logaddexp.accumulate(np.log(n) + a + 4.5 * sig, axis=1)
+    small = np.maximum.accumulate(a - 4.5 * sig, axis=1)
+    h = _field_step(sig, float(n.sum()))
+    left = np.floor((-big.max(axis=1) - 20.0) / h) * h  # E[A]'s integrand, u e^-u: e^-20 of its peak at the left
+    nw = int(math.ceil(float((3.6 - small.min(axis=1) - left).max()) / h)) + 1
+    w = left[:, None] + h * np.arange(nw)  # (D, nw)
+    y = w[None, :, :] + a.T[:, :, None]  # (G, D, nw): each group's keys at their shifts
+    tabs = [_field_functions(float(x), float(y.min()), float(y.max()), tuple(range(ks))) for x in sig]  # one range
+    eu, *T = (t.reshape(G, D, nw) for t in _on_fine([np.stack([t[0][k] for t in tabs]) for k in range(ks)],
+                                                     tabs[0][1], y.reshape(G, -1)))
+    return h, np.cumsum(n[:, None, None] * eu, axis=0), T
+
+
+_CUMULATIVE = 4  # field_rows' points per ln t step in two rows' cumulative integral (within 0.5% of 32)
+
+
+def field_rows(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, Pv: np.ndarray, qv: np.ndarray,
+               draws: int = 64):
+    """Every one- and two-row statistic of field_rows_y2's rows (keys of group g scoring sqrt(c) (f_g + e_k)), exact
+    given the field and averaged over its draws; the values of two distinct keys of groups g, h overlap Pv[g, h], a
+    key's own qv[g]. Per prefix r (the rows over groups 0..r), with X = t psi_1 / phi, W = t^2 psi_2 / phi and e^-S
+    the row's prod phi (1/Z^k = int t^k e^-tZ d ln t / Gamma(k)):
+      y2[r] = E[Y2] = int e^-S sum n W;
+      ea[r, g] = E[A_j] of one key of group g <= r = int e^-S X_g;
+      out[r] = E[a^T C a] = int e^-S (sum_gh n_g n_h Pv_gh X_g X_h - sum_g n_g Pv_gg X_g^2 + sum_g n_g qv_g W_g);
+      y1[r, r'] = E sum_j A_j B_j of rows r <= r' at one query: with Z' = Z + R and v = t + u, 1 / (Z Z') =
+        int dv e^-vZ int_0^v e^-uR du, so y1 = int e^-S sum n W K, K(v) = int_0^v e^-S_R(u) du / v (cumulative,
+        ln S_R linear in ln u between the ln t points, _CUMULATIVE points a step).
+    None where the rows are all but one-hot or unresolved (as field_rows_y2)."""
+    from scipy.signal import lfilter
+
+    n = np.asarray(n, dtype=float)
+    G = n.size
+    field = _field_integrands(c, n, F, own, draws, 3)
+    if field is None:
+        return None
+    h, S, (X, W) = field
+    D = S.shape[1]
+    E = np.exp(-S)
+    nW = np.cumsum(n[:, None, None] * W, axis=0)
+    scale = h / D
+    y2 = np.einsum("rdw,rdw->r", E, nW) * scale
+    ea = np.tril(np.einsum("rdw,gdw->rg", E, X)) * scale
+    out = np.einsum("rdw,rdw->r", E, _value_sums(n, X, W, Pv, qv)) * scale
+    y1 = np.diag(y2).copy()
+    sub = h / _CUMULATIVE  # a point's step: int over it of e^(ln u - ln v) g for g linear in ln u between its ends
+    wa = -math.expm1(-sub)
+    wb = 1.0 - wa / sub
+    tw = np.exp(-h + sub * np.arange(_CUMULATIVE + 1)) * np.r_[0.0, np.full(_CUMULATIVE, wb)]
+    tw[:-1] += np.exp(-h + sub * np.arange(1, _CUMULATIVE + 1)) * (wa - wb)
+    decay = math.exp(-h)
+    for r in range(G - 1):
+        I = E[r] * nW[r]
+        on = np.flatnonzero(I.max(axis=0) > 1e-12 * I.max())  # the row's integrand, and 5 steps before it
+        lo, hi = max(int(on[0]) - 5, 0), int(on[-1]) + 1
+        R = np.maximum(S[r + 1:, :, lo:hi] - S[r, :, lo:hi], 1e-300)  # the later rows' keys beyond row r's
+        eR = np.exp(-R)  # e^-S_R at the points, and within each step (ln S_R linear: S_R = R0 (R1 / R0)^f)
+        ratio = np.power(R[..., 1:] / R[..., :-1], 1.0 / _CUMULATIVE)
+        x, inner = R[..., :-1], []
+        for _ in range(_CUMULATIVE - 1):
+            x = x * ratio
+            inner.append(np.exp(-x))
+        step = eR[..., :-1] * tw[0] + eR[..., 1:] * tw[-1] + sum(v * t for v, t in zip(inner, tw[1:-1]))
+        first = -np.expm1(-R[..., :1]) / R[..., :1]  # K where S_R grows as u below: exact for S_R ~ u
+        K = lfilter([1.0], [1.0, -decay], np.concatenate([first, step], axis=-1), axis=-1)
+        y1[r, r + 1:] = np.einsum("dw,pdw->p", I[:, lo:hi], K) * scale
+    y1 = np.triu(y1) + np.triu(y1, 1).T
+    return np.minimum(y2, 1.0), ea, out, np.minimum(y1, 1.0)
+
+
+def field_key_half(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, Pv: np.ndarray, qv: np.ndarray,
+                   rows, draws: int = 64):
+    """Per row of `rows` (prefixes of field_rows' key groups) and key group g up to it: one key's E[(M C M)_jj] =
+    E[A_j^2 (C_jj - 2 (C A)_j + A^T C A)] (M = diag A - A A^T, the softmax's Jacobian; C the values' overlaps, Pv and
+    qv as field_rows'), the key's part of the query/key path's key half. With T_k = t^k psi_k / phi (T_1 = X, T_2 = W)
+    and 1/Z^k = int t^k e^-tZ d ln t / Gamma(k), per key of group g in row r (sums over the row's other keys):
+      q_g (W_g - T3_g + T4_g / 6) - W_g PX + T3_g PX / 3 + W_g (QW - q_g W_g + Q - 2 X_g PX) / 6
+    under int e^-S, PX = sum_(k != j) P_gk X_k, QW = sum_k q_k W_k and Q = sum_(k != l) P_kl X_k X_l over the row's
+    keys (PX's sums one matrix product a row). None where field_rows is."""
+    n = np.asarray(n, dtype=float)
+    G = n.size
+    field = _field_integrands(c, n, F, own, draws, 5)
+    if field is None:
+        return None
+    h, S, (X, W, T3, T4) = field
+    D = S.shape[1]
+    Pv, qv = np.asarray(Pv, dtype=float), np.asarray(qv, dtype=float)
+    sums = _value_sums(n, X, W, Pv, qv)  # QW + Q per row
+    flat = lambda x: x.reshape(G, -1)  # noqa: E731 (groups x the draws' lattice points)
+    # f = q (W - T3 + T4 / 6 - W^2 / 6) + W (QW + Q) / 6 + PX B, B = T3 / 3 - W - W X / 3, PX = V - Pv_gg X
+    base = flat(qv[:, None, None] * (W - T3 + T4 / 6.0 - W * W / 6.0))
+    B = flat(T3 / 3.0 - W - W * X / 3.0)
+    XB = flat(X) * B
+    W, nX = flat(W), flat(n[:, None, None] * X)
+    out = np.zeros((len(rows), G))
+    for i, r in enumerate(rows):
+        k = r + 1
+        E = np.exp(-S[r]).ravel()
+        V = (Pv[:k, :k] * ((B[:k] * E) @ nX[:k].T)).sum(axis=1)  # sum_dw e^-S B_g sum_h Pv_gh n_h X_h
+        out[i, :k] = base[:k] @ E + W[:k] @ (E * sums[r].ravel()) / 6.0 + V - np.diag(Pv)[:k] * (XB[:k] @ E)
+    return out * h / D
+
+
+def _value_sums(n, X, W, Pv, qv) -> np.ndarray:
+    """(G, D, nw): per row over groups 0..r, sum_(k != l) Pv_kl X_k X_l + sum_k qv_k W_k over its keys (the values'
+    quadratic form in the weights' integrands: field_rows' own output, field_key_half's Q + QW)."""
+    Pv, qv = np.asarray(Pv, dtype=float), np.asarray(qv, dtype=float)
+    nX = n[:, None, None] * X
+    earlier = np.tensordot(np.tril(Pv, -1), nX, axes=(1, 0))  # sum over earlier groups h of Pv_gh n_h X_h
+    inc = 2.0 * nX * earlier + np.diag(Pv)[:, None, None] * (nX * nX - n[:, None, None] * X * X) \
+        + (n * qv)[:, None, None] * W
+    return np.cumsum(inc, axis=0)
