@@ -449,6 +449,35 @@ def test_reduced_form_matches_full_matrix(name, law, monkeypatch):
     assert red.q.shape == (spec.layers + 1, T) and red.y2.shape == (spec.layers, T)
 
 
+@pytest.mark.parametrize("ratio,T", [(1.5, 64), (2.5, 64), (2.5, 256)])
+def test_field_key_half_of_exchangeable_keys_is_the_mean_fields(ratio, T, monkeypatch):
+    """Attention._key_half (the field law's key half, ops.FIELD_LAW) on exchangeable keys, a causal stack's input
+    (paper 001's encoder past beta_c): with C = (q - p) I + p 11^T and M 1 = 0 a row's sum_j E[(M C M)_jj] is exactly
+    (q - p) E tr M^2, the engine's own, and every key's share is 1: the ratio and the shares within 2% of 1 (measured
+    0.7% and 0.2%: the law's 64 draws and ln t lattice against the row tables). Planting a factor 2 in the total, the
+    shares not normalised to the row's length, or the key groups beyond the lower coarse row read at its share there
+    (which has them at 0) fails; so did reading each key's own value between two rows of different lengths (25%)."""
+    import sys
+    from pathlib import Path
+
+    from initadvisor.core import causal as cz
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from phase_fidelity import spec_for
+
+    monkeypatch.setattr(ops, "FIELD_LAW", True)
+    stack = from_spec(build_spec(spec_for("post", ratio, T, True, 2, 720)))
+    G = cz._grid(T, cz._SINGLE, cz._RATIO)
+    S = cz.input_state(G, *stack.embeddings.moments())
+    op = next(o for o in leaves(stack.blocks[0]) if isinstance(o, Attention))
+    rows = op.causal(G, S)[1]
+    assert rows.field is not None
+    ratio_, share = op._key_half(G, *rows.field)
+    keys = np.arange(len(G.n))[None, :] <= np.arange(len(G.n))[:, None]
+    assert np.max(np.abs(ratio_[1:] - 1.0)) < 0.02, ratio_
+    assert np.max(np.abs(share[keys] - 1.0)) < 0.02, share[keys]
+
+
 @pytest.mark.parametrize("beta, layers", [(4.0, 30), (2.5, 40)])
 def test_reduced_form_gradient_past_beta_c(beta, layers):
     """Position groups (the default grid) against the full T x T matrix for the gradient, post-LN past beta_c (paper

@@ -913,6 +913,7 @@ class Attention:
         kh = field_key_half(c, n, F, own, Pm, cz.gmean(G, qf), rows.tolist(), _FIELD_LAW_DRAWS)
         if kh is None:
             return None
+        tot = kh @ n  # each coarser row's sum over its keys
         ends = G.edges[1:].astype(float)
         u = np.clip(np.interp(np.log(ends), np.log(m), np.arange(len(m), dtype=float)), 0.0, len(m) - 1.0)
         i0 = np.minimum(u.astype(int), max(len(m) - 2, 0))
@@ -921,11 +922,11 @@ class Attention:
         K = len(n)
         keys = np.arange(K)[None, :] <= np.arange(K)[:, None]
         lower = np.arange(K)[None, :] <= rows[i0][:, None]  # key groups the lower coarse row has
-        per = np.where(lower, kh[i0] * (1.0 - f) + kh[i1] * f, kh[i1]) * keys  # (row group, key group): one key's
-        tot = per @ n
         with np.errstate(invalid="ignore", divide="ignore"):
-            share = np.where(keys, per * ends[:, None] / tot[:, None], 1.0)
-            ratio = np.interp(np.log(G.m), np.log(ends), tot) / iid
+            rel = kh * (m / tot)[:, None]  # a key's share at each coarser row (its mean over the row's keys 1)
+            share = np.where(lower, rel[i0] * (1.0 - f) + rel[i1] * f, rel[i1]) * keys
+            share = np.where(keys, share * (ends / (share @ n))[:, None], 1.0)  # (row group, key group), mean 1
+            ratio = np.exp(np.interp(np.log(G.m), np.log(m), np.log(tot))) / iid
         ok = np.isfinite(share) & (share >= 0.0)
         return np.where(np.isfinite(ratio) & (ratio > 0.0), ratio, 1.0), np.where(ok, share, 1.0)
 

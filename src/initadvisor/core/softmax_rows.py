@@ -763,12 +763,12 @@ def field_key_half(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, Pv: 
     D = S.shape[1]
     Pv, qv = np.asarray(Pv, dtype=float), np.asarray(qv, dtype=float)
     sums = _value_sums(n, X, W, Pv, qv)  # QW + Q per row
-    flat = lambda x: x.reshape(G, -1)  # noqa: E731 (groups x the draws' lattice points)
-    # f = q (W - T3 + T4 / 6 - W^2 / 6) + W (QW + Q) / 6 + PX B, B = T3 / 3 - W - W X / 3, PX = V - Pv_gg X
-    base = flat(qv[:, None, None] * (W - T3 + T4 / 6.0 - W * W / 6.0))
-    B = flat(T3 / 3.0 - W - W * X / 3.0)
-    XB = flat(X) * B
-    W, nX = flat(W), flat(n[:, None, None] * X)
+    # f = q (W - T3 + T4 / 6 - W^2 / 6) + W (QW + Q) / 6 + PX B, B = T3 / 3 - W - W X / 3, PX = V - Pv_gg X; each
+    # a row per group over the draws' lattice points
+    base = (qv[:, None, None] * (W - T3 + T4 / 6.0 - W * W / 6.0)).reshape(G, -1)
+    B = (T3 / 3.0 - W - W * X / 3.0).reshape(G, -1)
+    XB = X.reshape(G, -1) * B
+    W, nX = W.reshape(G, -1), (n[:, None, None] * X).reshape(G, -1)
     out = np.zeros((len(rows), G))
     for i, r in enumerate(rows):
         k = r + 1
