@@ -483,8 +483,9 @@ def propagate_overlaps(blocks: Sequence[tuple], q0: float, p0: float, T: int, ke
 
     single / ratio set the position groups (group_edges); single >= T is the full T x T resolution. widths: each
     block's d_model; with the backward, the gradient is then the mean over sequences at that width where the rho walk
-    reaches it (walk.causal_factor, walk.resolves_walk), else the mean field's."""
-    from initadvisor.core import walk  # (ops.py and walk.py build on this module)
+    reaches it (walk.causal_factor, walk.resolves_walk), else the mean field's; with ops.FIELD_LAW rho and the IPR
+    too."""
+    from initadvisor.core import ops, walk  # (ops.py and walk.py build on this module)
     from initadvisor.core.ops import Attention, causal_backward, causal_forward, find
 
     T = int(T)
@@ -551,9 +552,12 @@ def propagate_overlaps(blocks: Sequence[tuple], q0: float, p0: float, T: int, ke
                 kept[k - a] = None
                 gq[k], gp[k] = float(D.qf.mean()), pair_mean(G, D.P)
                 grads[k] = D
-        if walks:
-            f = walk.causal_factor(blocks, G, ins, grads, widths)
+        if walks:  # the mean gradient over sequences at the blocks' width; with the field law rho and the IPR too
+            f, B, dy = walk.causal_factor(blocks, G, ins, grads, widths, means=ops.FIELD_LAW)
             gq, gp = gq * f, gp * f
+            if ops.FIELD_LAW:  # (the i.i.d. rows' low rho offsets the width's pull: docs/phase-grid.md)
+                rho, r3 = np.clip(rho + B, -1.0, 1.0), np.clip(r3 + B[:, None], -1.0, 1.0)
+                y2 = np.clip(y2 + dy, 0.0, 1.0)
     overlap = None
     if keep_overlap:
         overlap = S.P[G.gid][:, G.gid]

@@ -13,8 +13,8 @@ and of the attention's IPR over sequences, by the maps' curvature times the walk
 0.003-0.005 in rho past the crossover at d 720, where the network's rho sits 0.01-0.013 below the mean field's. A
 norm after a residual sum adds each pair's own bias of its cosine at width d (cosine_bias: the delta method on the
 sum's Wishart covariances, less the common part that the walk's moves carry; about 0.001 in rho at d 720). The
-position-resolved engine (causal rows) carries the gradient's factor only, and only in post-LN stacks
-(causal_factor, below); its rho and IPR are the mean field's.
+position-resolved engine (causal rows) carries the walk in post-LN stacks only (causal_factor, below): the gradient's
+factor, the mean shift of rho and the rows' IPR.
 """
 
 from __future__ import annotations
@@ -324,18 +324,20 @@ def _moved(G, S, x: float, shift: bool):
     return replace(S, qf=S.qf + x, P=S.P + x, R=None if S.R is None else S.R + x)
 
 
-def _block_runs(ops, G, S, d: float) -> tuple[list, list]:
+def _block_runs(ops, G, S, d: float, own_bias: bool) -> tuple[list, list, list]:
     """The block's forward from S (each output clamped as the engine's): as it is, with its input's rho + and -
     _CH, then per residual sum with its output moved by + and - _CH (the operations before the sum run once):
-    [(output, caches)] in that order; and per sum its own variance at the width d (residual_variance at the mean q
-    and the mean pair, over d). The engine's own forward ran the mean already, but keeps no state inside a block."""
+    [(output, caches)] in that order; per sum its own variance at the width d (residual_variance at the mean q
+    and the mean pair, over d); and (own_bias) per sum that a norm follows, the output with every pair's cosine there
+    moved by its own bias at the width d (cosine_bias less its common part, at the mean q and pair, as mean_shift's). The
+    engine's own forward ran the mean already, but keeps no state inside a block."""
 
     def run(part, X):
         X, c = causal_forward(part, G, X)
         return cz._clamp(G, X), c
 
     runs = [None] + [run(ops, _moved(G, S, x, True)) for x in (_CH, -_CH)]
-    X, caches, var = S, [], []
+    X, caches, var, own = S, [], [], []
     for k, op in enumerate(ops):
         Y, c = causal_forward((op,), G, X)
         caches = caches + c
@@ -345,15 +347,25 @@ def _block_runs(ops, G, S, d: float) -> tuple[list, list]:
             for x in (_CH, -_CH):
                 Z, rest = run(ops[k + 1:], _moved(G, Y, x, False))
                 runs.append((Z, caches + rest))
+            if own_bias and k + 1 < len(ops) and isinstance(ops[k + 1], Norm):
+                skip = float(np.mean(np.asarray(op.skip, dtype=float) ** 2))
+                b, common = cosine_bias(skip * qin, skip * pin, float(np.mean(Y.qf)), pout)
+                own.append(run(ops[k + 1:], _moved(G, Y, float(np.nan_to_num(b - common)) / d, True))[0])
         X = Y
     runs[0] = (cz._clamp(G, X), caches)
-    return runs, var
+    return runs, var, own
 
 
-def causal_factor(blocks, G, states, grads, widths) -> np.ndarray:
+def causal_factor(blocks, G, states, grads, widths, means: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The walk's factor per index of the stream on the mean gradient over sequences (q and p alike), gradient_factor
     and gradient_mean's on the position-resolved state: states, the forward state entering each block; grads, the
-    mean-field gradient state at each index (index L: the loss's).
+    mean-field gradient state at each index (index L: the loss's). Also the walk's shift B of the mean rho over
+    sequences per index and, with `means` (what the engine's field law reports, ops.FIELD_LAW), of each row's IPR per
+    block (L, T, _ipr_shift; else zeros); B then carries the pairs' own cosine bias (mean_shift's) and takes the walk's
+    curvature over its spread (three-point Gauss-Hermite, as mean_shift's: wider than the rows' law's steps in the
+    state, where its field draws may jump), else its curvature at the step _CH (the i.i.d. rows, whose low rho offsets
+    the width's pull: docs/phase-grid.md).
 
     Per block, from its input: its slope a_l and curvature in its input's rho, and per residual sum k the slope s_k
     and curvature of the block's output rho in its move and the move's variance var_k, which give the walk's variance
@@ -368,16 +380,25 @@ def causal_factor(blocks, G, states, grads, widths) -> np.ndarray:
     Each block's mean-field caches are kept from the first pass to the second where all of them fit in
     causal._KEEP_CELLS, else run again."""
     L, h = len(blocks), _CH
-    per, a, V, B = [], [], [0.0], [0.0]
+    per, a, V, B, dy = [], [], [0.0], [0.0], np.zeros((L, G.T))
     with np.errstate(all="ignore"):
         for l, ops in enumerate(blocks):
-            runs, var = _block_runs(ops, G, states[l], widths[l])
+            runs, var, own = _block_runs(ops, G, states[l], widths[l], means)
             r = [cz._summary(G, Z)[0] for Z, _ in runs]
+            own = sum(cz._summary(G, Z)[0] - r[0] for Z in own)  # the pairs' own biases, through the block
             slope = [(r[j] - r[j + 1]) / (2.0 * h) for j in range(1, len(r), 2)]  # rho's, then each move's
             bend = [(r[j] - 2.0 * r[0] + r[j + 1]) / h**2 for j in range(1, len(r), 2)]
             a.append(slope[0])
             V.append(min(a[l] ** 2 * V[l] + sum(s * s * x for s, x in zip(slope[1:], var)), (1.0 - r[0]) * (1.0 + r[0])))
-            B.append(float(np.clip(a[l] * B[l] + 0.5 * sum(c * x for c, x in zip(bend, [V[l]] + var)), -2.0, 2.0)))
+            jensen = 0.5 * bend[0] * V[l]
+            if means:  # the walk's part over its spread instead
+                spread = [cz._summary(G, cz._clamp(G, causal_forward(ops, G, _moved(G, states[l], x, True))[0]))[0]
+                          for x in (_GH * _root(V[l]), -_GH * _root(V[l]))]
+                jensen = (spread[0] + spread[1]) / 6.0 - r[0] / 3.0
+            jensen += 0.5 * sum(c * x for c, x in zip(bend[1:], var))  # each move's
+            B.append(float(np.clip(a[l] * B[l] + jensen + own, -2.0, 2.0)))
+            if means:
+                dy[l] = _ipr_shift(ops, G, states[l], B[l], V[l])
             Bs = [causal_backward(ops, G, grads[l + 1], c) for _, c in runs]  # the mean-field one first (M's caches)
             if l == 0:
                 keep = L * cz._cells(runs[0][1]) <= cz._KEEP_CELLS
@@ -408,7 +429,25 @@ def causal_factor(blocks, G, states, grads, widths) -> np.ndarray:
                 - sum(np.mean(X.qf) ** 2 for X in minus)
             x = float(np.mean(e.qf) / g + 0.5 * spread / (g * g))
             out.append(math.exp(x) if abs(x) < 700.0 else 1.0)  # (nan, inf: 1)
-    return np.array(out[::-1])
+    return np.array(out[::-1]), np.nan_to_num(np.array(B), nan=0.0), np.nan_to_num(dy, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def _ipr_shift(ops, G, S, B: float, V: float):
+    """The mean over sequences of the block's rows' IPR (per row) less the mean field's, its input's rho at B + N(0,
+    V) (three-point Gauss-Hermite, as causal_factor's; the operations up to the attention only); 0 without
+    attention."""
+    k = next((i for i, op in enumerate(ops) if _holds(op, Attention)), None)
+    if k is None:
+        return 0.0
+    y = [find(ops[:k + 1], causal_forward(ops[:k + 1], G, cz._clamp(G, _moved(G, S, x, True)))[1], Attention).y2
+         for x in (0.0, B, B + _GH * _root(V), B - _GH * _root(V))]
+    return 2.0 / 3.0 * y[1] + (y[2] + y[3]) / 6.0 - y[0]
+
+
+def _holds(op, kind) -> bool:
+    """Whether the operation is of type `kind` or a residual sum with one inside (find's order)."""
+    return isinstance(op, kind) or isinstance(op, Residual) and any(
+        _holds(sub, kind) for part in (op.shared, *(branch for _, branch in op.branches)) for sub in part)
 
 
 def _mean_caches(ops, G, S, grad) -> list:
