@@ -291,27 +291,36 @@ def split(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int = 
     draws, common weights): the values and MLP at `width` ("whole"); each sum's fluctuation less its common part
     ("own"); that, with the rows reading the noiseless run's state ("own, rows blind"); and with only the keys' Gram
     realized in the scores, the queries' the noiseless run's ("own, keys only"). Returns each mode's rho less the
-    infinite chain's, (draws, L + 1), from the stream-0 moments (q0, p0)."""
+    infinite chain's, (draws, L + 1), from the stream-0 moments (q0, p0); and (draws, L) per block: "D", the variance
+    over pairs of the "own" chain's overlaps less the infinite chain's (the pairs' own dispersion that the skip
+    carries), and "X", the infinite chain's rows' mean 1 - 5 Y2 + 4 Y3 + 6 Y2^2 - 6 Y4 (Y_k = sum_s A_s^k): a row's
+    own output moves by c^2 D X per unit of its values' spread where the keys' overlaps disperse by D (Price's
+    theorem; docs/phase-grid.md, "What the walk leaves out")."""
     T, L = spec["sequence"]["length"], spec["model"]["layers"]
     c = _constants(spec)
     d = {"embeddings": 0, "scores": 0, "values": width, "mlp": width}
     none = dict.fromkeys(PARTS, 0)
-    out = {m: [] for m in SPLIT}
+    out = {m: [] for m in SPLIT + ("D", "X")}
+    pairs = np.triu_indices(T, 1)
     for start in range(0, draws, batch):
         B = min(batch, draws - start)
         G0 = np.broadcast_to(p0 + (q0 - p0) * np.eye(T), (B, T, T)).copy()
         plain, runs = G0, dict.fromkeys(SPLIT, G0)
         rho = {m: [np.zeros(B)] for m in SPLIT}
+        rho.update(D=[], X=[])
         for layer in range(L):
             key = [seed, start, layer]
             for m in SPLIT:
                 runs[m] = _block(runs[m], c, np.random.default_rng(key), np.random.default_rng(key + [1]), d,
                                  own=m != "whole", shadow=plain if "only" in m or "blind" in m else None,
                                  keys="keys" in m)[0]
-            plain = _block(plain, c, np.random.default_rng(key), None, none)[0]
+            plain, _, A, _, _ = _block(plain, c, np.random.default_rng(key), None, none)
             for m in SPLIT:
                 rho[m].append(_rho(runs[m]) - _rho(plain))
-        for m in SPLIT:
+            rho["D"].append((runs["own"] - plain)[:, pairs[0], pairs[1]].var(axis=1))
+            Y2, Y3, Y4 = ((A**k).sum(axis=-1) for k in (2, 3, 4))
+            rho["X"].append((1.0 - 5.0 * Y2 + 4.0 * Y3 + 6.0 * Y2 * Y2 - 6.0 * Y4).mean(axis=1))
+        for m in rho:
             out[m].append(np.stack(rho[m], axis=1))
     return {m: np.concatenate(v) for m, v in out.items()}
 
@@ -503,10 +512,15 @@ def main() -> None:
               "infinite-width one, common scores and weights): rho less the infinite chain's, mean over draws (se); "
               "the sums' whole fluctuation, their own (less the common part), that with the rows reading the "
               "noiseless run's state, and with only the keys' Gram realized in the scores")
-        print("index   " + "".join(f"{m:22s}" for m in SPLIT))
+        print("; and the pairs' own dispersion that the skip carries, as a standard deviation (sqrt D), and c^2 D X g_v, "
+              "the move of a row's own attention output that it makes by Price's theorem (`split`)")
+        print("index   " + "".join(f"{m:22s}" for m in SPLIT) + "sqrt D    c^2 D X g_v")
+        D, X = moves.pop("D"), moves.pop("X")
         for i in range(1, args.layers + 1):
             se = [f" ({_se(x[:, i].std(ddof=1) / math.sqrt(len(x)))})" if len(x) > 1 else "" for x in moves.values()]
-            print(f"{i:5d}   " + "".join(f"{x[:, i].mean():+.5f}{e}".ljust(22) for x, e in zip(moves.values(), se)))
+            price = scale**2 * float((D[:, i - 1] * X[:, i - 1]).mean()) * spec["init"]["v"]["gain"]
+            print(f"{i:5d}   " + "".join(f"{x[:, i].mean():+.5f}{e}".ljust(22) for x, e in zip(moves.values(), se))
+                  + f"{math.sqrt(D[:, i - 1].mean()):.4f}    {price:.2e}")
     if net:
         (n_rho, n_srho), (n_ipr, n_sipr) = net["rho"], net["ipr"]
         print(f"chain - network (the width):       rho {_gap(c_rho, n_rho, np.hypot(s_rho, n_srho), False)}, "
