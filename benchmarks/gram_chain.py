@@ -512,8 +512,8 @@ def main() -> None:
               "infinite-width one, common scores and weights): rho less the infinite chain's, mean over draws (se); "
               "the sums' whole fluctuation, their own (less the common part), that with the rows reading the "
               "noiseless run's state, and with only the keys' Gram realized in the scores")
-        print("; and the pairs' own dispersion that the skip carries, as a standard deviation (sqrt D), and c^2 D X g_v, "
-              "the move of a row's own attention output that it makes by Price's theorem (`split`)")
+        print("; and the pairs' own dispersion that the skip carries, as a standard deviation (sqrt D), and "
+              "c^2 D X g_v, the move of a row's own attention output that it makes by Price's theorem (`split`)")
         print("index   " + "".join(f"{m:22s}" for m in SPLIT) + "sqrt D    c^2 D X g_v")
         D, X = moves.pop("D"), moves.pop("X")
         for i in range(1, args.layers + 1):

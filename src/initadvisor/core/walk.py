@@ -14,7 +14,7 @@ and of the attention's IPR over sequences, by the maps' curvature times the walk
 norm after a residual sum adds each pair's own bias of its cosine at width d (cosine_bias: the delta method on the
 sum's Wishart covariances, less the common part that the walk's moves carry; about 0.001 in rho at d 720). The
 position-resolved engine (causal rows) carries the walk in post-LN stacks only (causal_factor, below): the gradient's
-factor, the mean shift of rho and the rows' IPR.
+factor, and with the causal rows' field law (ops.FIELD_LAW) the mean shift of rho and of the rows' IPR too.
 """
 
 from __future__ import annotations
@@ -328,9 +328,9 @@ def _block_runs(ops, G, S, d: float, own_bias: bool) -> tuple[list, list, list]:
     """The block's forward from S (each output clamped as the engine's): as it is, with its input's rho + and -
     _CH, then per residual sum with its output moved by + and - _CH (the operations before the sum run once):
     [(output, caches)] in that order; per sum its own variance at the width d (residual_variance at the mean q
-    and the mean pair, over d); and (own_bias) per sum that a norm follows, the output with every pair's cosine there
-    moved by its own bias at the width d (cosine_bias less its common part, at the mean q and pair, as mean_shift's). The
-    engine's own forward ran the mean already, but keeps no state inside a block."""
+    and the mean pair, over d); and (own_bias) per sum that a norm follows, the output with every pair's cosine
+    there moved by its own bias at the width d (cosine_bias less its common part, at the mean q and pair, as
+    mean_shift's). The engine's own forward ran the mean already, but keeps no state inside a block."""
 
     def run(part, X):
         X, c = causal_forward(part, G, X)
@@ -398,7 +398,7 @@ def causal_factor(blocks, G, states, grads, widths, means: bool = False
             jensen += 0.5 * sum(c * x for c, x in zip(bend[1:], var))  # each move's
             B.append(float(np.clip(a[l] * B[l] + jensen + own, -2.0, 2.0)))
             if means:
-                dy[l] = _ipr_shift(ops, G, states[l], B[l], V[l])
+                dy[l] = _ipr_shift(ops, G, states[l], B[l], V[l], runs[0][1])
             Bs = [causal_backward(ops, G, grads[l + 1], c) for _, c in runs]  # the mean-field one first (M's caches)
             if l == 0:
                 keep = L * cz._cells(runs[0][1]) <= cz._KEEP_CELLS
@@ -432,16 +432,16 @@ def causal_factor(blocks, G, states, grads, widths, means: bool = False
     return np.array(out[::-1]), np.nan_to_num(np.array(B), nan=0.0), np.nan_to_num(dy, nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def _ipr_shift(ops, G, S, B: float, V: float):
-    """The mean over sequences of the block's rows' IPR (per row) less the mean field's, its input's rho at B + N(0,
-    V) (three-point Gauss-Hermite, as causal_factor's; the operations up to the attention only); 0 without
-    attention."""
+def _ipr_shift(ops, G, S, B: float, V: float, caches):
+    """The mean over sequences of the block's rows' IPR (per row) less the mean field's (its run from S: caches),
+    its input's rho at B + N(0, V) (three-point Gauss-Hermite, as causal_factor's; the operations up to the attention
+    only); 0 without attention."""
     k = next((i for i, op in enumerate(ops) if _holds(op, Attention)), None)
     if k is None:
         return 0.0
     y = [find(ops[:k + 1], causal_forward(ops[:k + 1], G, cz._clamp(G, _moved(G, S, x, True)))[1], Attention).y2
-         for x in (0.0, B, B + _GH * _root(V), B - _GH * _root(V))]
-    return 2.0 / 3.0 * y[1] + (y[2] + y[3]) / 6.0 - y[0]
+         for x in (B, B + _GH * _root(V), B - _GH * _root(V))]
+    return 2.0 / 3.0 * y[0] + (y[1] + y[2]) / 6.0 - find(ops, caches, Attention).y2
 
 
 def _holds(op, kind) -> bool:
