@@ -348,7 +348,7 @@ def test_causal_walk_is_the_walk_sampled():
 
 def test_causal_walk_mean_shift_is_the_sampled_mean(monkeypatch):
     """With the field law the position-resolved engine reports rho and the rows' IPR as means over sequences at the
-    width (walk.causal_factor's B and _ipr_shift), against the walk sampled through its own causal blocks
+    width (walk.causal_factor's B and IPR shift), against the walk sampled through its own causal blocks
     (_causal_walk_sample, 160 antithetic pairs, the law on): post-LN 2.5 beta_c, T 8, 12 layers, d 64. Each layer's
     shift of rho within 5% plus 3 standard errors of the sampled one, of the IPR within 10% (measured over rng seeds
     0-2: rho within 3 standard errors, the IPR at most 5% past them, at the top layer); the shifts are over 10

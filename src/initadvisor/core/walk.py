@@ -362,10 +362,10 @@ def causal_factor(blocks, G, states, grads, widths, means: bool = False
     and gradient_mean's on the position-resolved state: states, the forward state entering each block; grads, the
     mean-field gradient state at each index (index L: the loss's). Also the walk's shift B of the mean rho over
     sequences per index and, with `means` (what the engine's field law reports, ops.FIELD_LAW), of each row's IPR per
-    block (L, T, _ipr_shift; else zeros); B then carries the pairs' own cosine bias (mean_shift's) and takes the walk's
-    curvature over its spread (three-point Gauss-Hermite, as mean_shift's: wider than the rows' law's steps in the
-    state, where its field draws may jump), else its curvature at the step _CH (the i.i.d. rows, whose low rho offsets
-    the width's pull: docs/phase-grid.md).
+    block (L, T; else zeros): then each block runs over the walk's law of its input's rho, N(B, V), by three-point
+    Gauss-Hermite (as mean_shift's; wider than the rows' law's steps in the state, where its field draws may jump), and
+    B carries the pairs' own cosine bias (mean_shift's); else B is carried by the block's slope and its curvature at the
+    step _CH (the i.i.d. rows, whose low rho offsets the width's pull: docs/phase-grid.md).
 
     Per block, from its input: its slope a_l and curvature in its input's rho, and per residual sum k the slope s_k
     and curvature of the block's output rho in its move and the move's variance var_k, which give the walk's variance
@@ -390,15 +390,17 @@ def causal_factor(blocks, G, states, grads, widths, means: bool = False
             bend = [(r[j] - 2.0 * r[0] + r[j + 1]) / h**2 for j in range(1, len(r), 2)]
             a.append(slope[0])
             V.append(min(a[l] ** 2 * V[l] + sum(s * s * x for s, x in zip(slope[1:], var)), (1.0 - r[0]) * (1.0 + r[0])))
-            jensen = 0.5 * bend[0] * V[l]
-            if means:  # the walk's part over its spread instead
-                spread = [cz._summary(G, cz._clamp(G, causal_forward(ops, G, _moved(G, states[l], x, True))[0]))[0]
-                          for x in (_GH * _root(V[l]), -_GH * _root(V[l]))]
-                jensen = (spread[0] + spread[1]) / 6.0 - r[0] / 3.0
-            jensen += 0.5 * sum(c * x for c, x in zip(bend[1:], var))  # each move's
-            B.append(float(np.clip(a[l] * B[l] + jensen + own, -2.0, 2.0)))
-            if means:
-                dy[l] = _ipr_shift(ops, G, states[l], B[l], V[l], runs[0][1])
+            moves = 0.5 * sum(c * x for c, x in zip(bend[1:], var))  # each move's curvature
+            if means:  # the block over the walk's law, N(B, V), by three-point Gauss-Hermite: rho and the rows' IPR
+                walked = [causal_forward(ops, G, cz._clamp(G, _moved(G, states[l], x, True))) for x in
+                          (B[l], B[l] + _GH * _root(V[l]), B[l] - _GH * _root(V[l]))]
+                rw = [cz._summary(G, cz._clamp(G, Z))[0] for Z, _ in walked]
+                B.append(float(np.clip((4.0 * rw[0] + rw[1] + rw[2]) / 6.0 - r[0] + moves + own, -2.0, 2.0)))
+                y = [find(ops, c, Attention) for c in [runs[0][1]] + [c for _, c in walked]]
+                if y[0] is not None:
+                    dy[l] = (4.0 * y[1].y2 + y[2].y2 + y[3].y2) / 6.0 - y[0].y2
+            else:
+                B.append(float(np.clip(a[l] * B[l] + 0.5 * bend[0] * V[l] + moves, -2.0, 2.0)))
             Bs = [causal_backward(ops, G, grads[l + 1], c) for _, c in runs]  # the mean-field one first (M's caches)
             if l == 0:
                 keep = L * cz._cells(runs[0][1]) <= cz._KEEP_CELLS
@@ -430,24 +432,6 @@ def causal_factor(blocks, G, states, grads, widths, means: bool = False
             x = float(np.mean(e.qf) / g + 0.5 * spread / (g * g))
             out.append(math.exp(x) if abs(x) < 700.0 else 1.0)  # (nan, inf: 1)
     return np.array(out[::-1]), np.nan_to_num(np.array(B), nan=0.0), np.nan_to_num(dy, nan=0.0, posinf=0.0, neginf=0.0)
-
-
-def _ipr_shift(ops, G, S, B: float, V: float, caches):
-    """The mean over sequences of the block's rows' IPR (per row) less the mean field's (its run from S: caches),
-    its input's rho at B + N(0, V) (three-point Gauss-Hermite, as causal_factor's; the operations up to the attention
-    only); 0 without attention."""
-    k = next((i for i, op in enumerate(ops) if _holds(op, Attention)), None)
-    if k is None:
-        return 0.0
-    y = [find(ops[:k + 1], causal_forward(ops[:k + 1], G, cz._clamp(G, _moved(G, S, x, True)))[1], Attention).y2
-         for x in (B, B + _GH * _root(V), B - _GH * _root(V))]
-    return 2.0 / 3.0 * y[0] + (y[1] + y[2]) / 6.0 - find(ops, caches, Attention).y2
-
-
-def _holds(op, kind) -> bool:
-    """Whether the operation is of type `kind` or a residual sum with one inside (find's order)."""
-    return isinstance(op, kind) or isinstance(op, Residual) and any(
-        _holds(sub, kind) for part in (op.shared, *(branch for _, branch in op.branches)) for sub in part)
 
 
 def _mean_caches(ops, G, S, grad) -> list:
