@@ -286,6 +286,14 @@ def pull(spec: dict, width: int, seed: int = 0):
 SPLIT = ("whole", "own", "own, rows blind", "own, keys only")
 
 
+def price_factor(A: np.ndarray) -> np.ndarray:
+    """Per row of A (softmax rows over the last axis): sum over keys s != s' of d^2 (A_s A_s') / dz_s dz_s' in the
+    scores z, 1 - 5 Y2 + 4 Y3 + 6 Y2^2 - 6 Y4 (Y_k = sum_s A_s^k): by Price's theorem a row's own output moves by c^2 D
+    times its mean where the keys' overlaps disperse by D."""
+    Y2, Y3, Y4 = ((A**k).sum(axis=-1) for k in (2, 3, 4))
+    return 1.0 - 5.0 * Y2 + 4.0 * Y3 + 6.0 * Y2 * Y2 - 6.0 * Y4
+
+
 def split(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int = 0, batch: int = 16) -> dict:
     """Where the width's pull on rho comes from, as chains run in lockstep with the infinite-width one (common score
     draws, common weights): the values and MLP at `width` ("whole"); each sum's fluctuation less its common part
@@ -318,8 +326,7 @@ def split(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int = 
             for m in SPLIT:
                 rho[m].append(_rho(runs[m]) - _rho(plain))
             rho["D"].append((runs["own"] - plain)[:, pairs[0], pairs[1]].var(axis=1))
-            Y2, Y3, Y4 = ((A**k).sum(axis=-1) for k in (2, 3, 4))
-            rho["X"].append((1.0 - 5.0 * Y2 + 4.0 * Y3 + 6.0 * Y2 * Y2 - 6.0 * Y4).mean(axis=1))
+            rho["X"].append(price_factor(A).mean(axis=1))
         for m in rho:
             out[m].append(np.stack(rho[m], axis=1))
     return {m: np.concatenate(v) for m, v in out.items()}
