@@ -301,9 +301,8 @@ def split(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int = 
     realized in the scores, the queries' the noiseless run's ("own, keys only"). Returns each mode's rho less the
     infinite chain's, (draws, L + 1), from the stream-0 moments (q0, p0); and (draws, L) per block: "D", the variance
     over pairs of the "own" chain's overlaps less the infinite chain's (the pairs' own dispersion that the skip
-    carries), and "X", the infinite chain's rows' mean 1 - 5 Y2 + 4 Y3 + 6 Y2^2 - 6 Y4 (Y_k = sum_s A_s^k): a row's
-    own output moves by c^2 D X per unit of its values' spread where the keys' overlaps disperse by D (Price's
-    theorem; docs/phase-grid.md, "What the walk leaves out")."""
+    carries), and "X", the infinite chain's rows' mean price_factor (docs/phase-grid.md, "What the walk leaves
+    out")."""
     T, L = spec["sequence"]["length"], spec["model"]["layers"]
     c = _constants(spec)
     d = {"embeddings": 0, "scores": 0, "values": width, "mlp": width}
