@@ -294,6 +294,90 @@ def price_factor(A: np.ndarray) -> np.ndarray:
     return 1.0 - 5.0 * Y2 + 4.0 * Y3 + 6.0 * Y2 * Y2 - 6.0 * Y4
 
 
+def price_ipr(A: np.ndarray) -> np.ndarray:
+    """Per row of A: sum over keys s != s' of d^4 Y2 / dz_s^2 dz_s'^2, -10 Y2 + 64 Y3 - 96 Y4 + 192 Y5 - 6 Y2^2 - 144
+    Y2 Y3 - 120 Y2 Y4 + 120 Y2^3 (a least-squares fit over the products of power sums of degree <= 6, exact to 1e-13):
+    by Price's theorem at second order a row's IPR moves by c^4 D Q / 4 where the keys' overlaps disperse by D pair by
+    pair, independently."""
+    Y2, Y3, Y4, Y5 = ((A**k).sum(axis=-1) for k in (2, 3, 4, 5))
+    return -10.0 * Y2 + 64.0 * Y3 - 96.0 * Y4 + 192.0 * Y5 - 6.0 * Y2 * Y2 - 144.0 * Y2 * Y3 - 120.0 * Y2 * Y4 \
+        + 120.0 * Y2**3
+
+
+def rows_response(K: np.ndarray, dK: np.ndarray, c: dict, n: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The second-order response of attention rows to a dispersion dK of their keys' cosines K (one draw, T x T):
+    ((f(K + e dK) + f(K - e dK)) / 2 - f(K)) / e^2 for f a row's own output a^T K a (the values read the same
+    cosines) and its IPR, mean over `rows` (causal: row t reads keys 0..t) and over the scores' normals n (N, T), z =
+    chol(scale^2 K) n common to the three; e the largest of 1, 1/2, .., 1/16 that keeps K -+ e dK positive
+    definite. The first order drops out: what is left is what a mean-zero dispersion does to the rows' means."""
+    T = K.shape[0]
+    causal = bool(c["mask"][0, -1] == 0)
+
+    def f(M):
+        z = n @ np.linalg.cholesky(c["scale"] ** 2 * M).T
+        out = np.zeros(2)
+        for t in rows:
+            k = t + 1 if causal else T
+            a = np.exp(z[:, :k] - z[:, :k].max(axis=1, keepdims=True))
+            a /= a.sum(axis=1, keepdims=True)
+            out += [((a @ M[:k, :k]) * a).sum(axis=1).mean(), (a * a).sum(axis=1).mean()]
+        return out / len(rows)
+
+    for e in (1.0, 0.5, 0.25, 0.125, 0.0625):
+        if min(np.linalg.eigvalsh(K + x * dK)[0] for x in (e, -e)) > 1e-8:
+            return ((f(K + e * dK) + f(K - e * dK)) / 2.0 - f(K)) / e**2
+    return np.full(2, np.nan)
+
+
+def response(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int = 0, batch: int = 16,
+             every: int = 4, normals: int = 1024) -> dict:
+    """What each block's attention rows do with the pairs' own dispersion that the skip carries at `width` (the
+    "own" chain of `split`, beside the infinite-width one: delta = its cosines less the infinite chain's, D their
+    variance over pairs): per draw at every `every`-th block, the rows' second-order response (rows_response, the
+    last half's rows, at most 32) to delta as carried ("carried"), to a normalized Wishart fluctuation of the same
+    variance over pairs less its common part ("wishart": fresh Gaussian tokens at the width, the shape the sums add),
+    and the independent pairs' law from the rows' power sums ("iid": c D X + (1 - rho) c^2 D Q / 4 on the own output,
+    c^2 D Q / 4 on the IPR, c = scale^2; price_factor, price_ipr). Returns {block (from 1): (draws, 7)}: D, then
+    the own output's and the IPR's response as carried, as wishart and by iid."""
+    T, L = spec["sequence"]["length"], spec["model"]["layers"]
+    c = _constants(spec)
+    d = {"embeddings": 0, "scores": 0, "values": width, "mlp": width}
+    none = dict.fromkeys(PARTS, 0)
+    pairs = np.triu_indices(T, 1)
+    rows = np.unique(np.linspace(T // 2, T - 1, min(32, T - T // 2)).astype(int))
+    rng = np.random.default_rng([seed, 7])
+    out = {}
+    for start in range(0, draws, batch):
+        B = min(batch, draws - start)
+        own = plain = np.broadcast_to(p0 + (q0 - p0) * np.eye(T), (B, T, T)).copy()
+        for layer in range(L):
+            if layer % every == every - 1:
+                Kp, Ko = _cosines(plain), _cosines(own)
+                for b in range(B):
+                    delta = Ko[b] - Kp[b]
+                    D = delta[pairs].var()
+                    X = np.linalg.cholesky(Kp[b] + 1e-10 * np.eye(T)) @ rng.standard_normal((T, width))
+                    W = _cosines((X @ X.T / width)[None])[0] - Kp[b]
+                    W[~np.eye(T, dtype=bool)] -= W[pairs].mean()
+                    W *= math.sqrt(D / W[pairs].var())
+                    n = rng.standard_normal((normals, T))
+                    z = n @ np.linalg.cholesky(c["scale"] ** 2 * Kp[b] + 1e-10 * np.eye(T)).T
+                    x = q = 0.0
+                    for t in rows:
+                        k = t + 1 if c["mask"][0, -1] == 0 else T
+                        a = np.exp(z[:, :k] - z[:, :k].max(axis=1, keepdims=True))
+                        a /= a.sum(axis=1, keepdims=True)
+                        x, q = x + price_factor(a).mean() / len(rows), q + price_ipr(a).mean() / len(rows)
+                    c2, r = c["scale"] ** 2, Kp[b][pairs].mean()
+                    iid = [c2 * D * x + (1.0 - r) * c2 * c2 * D * q / 4.0, c2 * c2 * D * q / 4.0]
+                    out.setdefault(layer + 1, []).append(np.concatenate(
+                        [[D], rows_response(Kp[b], delta, c, n, rows), rows_response(Kp[b], W, c, n, rows), iid]))
+            key = [seed, start, layer]
+            own = _block(own, c, np.random.default_rng(key), np.random.default_rng(key + [1]), d, own=True)[0]
+            plain = _block(plain, c, np.random.default_rng(key), None, none)[0]
+    return {k: np.array(v) for k, v in out.items()}
+
+
 def split(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int = 0, batch: int = 16) -> dict:
     """Where the width's pull on rho comes from, as chains run in lockstep with the infinite-width one (common score
     draws, common weights): the values and MLP at `width` ("whole"); each sum's fluctuation less its common part
@@ -413,6 +497,8 @@ def main() -> None:
                     help="also each block's own pull on rho at this width (values, MLP; infinite-width chain; `pull`)")
     ap.add_argument("--split", type=int, default=0,
                     help="also where the width's pull comes from at this width (values, MLP; `split`)")
+    ap.add_argument("--response", type=int, default=0,
+                    help="also the rows' response to the pairs' dispersion carried at this width (`response`)")
     ap.add_argument("--forced", action="store_true",
                     help="also each block teacher-forced on the chain's mean state (causal, infinite width; `forced`)")
     args = ap.parse_args()
@@ -429,10 +515,10 @@ def main() -> None:
     finite = tuple(p for p in args.finite.split(",") if p)
     if args.width and not int(T) <= args.width <= 65536 or any(p not in PARTS for p in finite):
         ap.error(f"--width must be 0 or in [T, 65536] and --finite of {', '.join(PARTS)}")
-    if (args.structure or args.pull or args.split) and args.width:
-        ap.error("--structure, --pull and --split run beside the infinite-width chain: leave out --width")
-    if args.pull and not int(T) <= args.pull <= 65536 or args.split and not int(T) <= args.split <= 65536:
-        ap.error("--pull and --split must be in [T, 65536]")
+    if (args.structure or args.pull or args.split or args.response) and args.width:
+        ap.error("--structure, --pull, --split and --response run beside the infinite-width chain: leave out --width")
+    if any(x and not int(T) <= x <= 65536 for x in (args.pull, args.split, args.response)):
+        ap.error("--pull, --split and --response must be in [T, 65536]")
     if args.forced and kind != "causal":
         ap.error("--forced runs the position-resolved engine: a causal cell")
     spec = spec_for(norm, float(ratio), int(T), kind == "causal", args.layers, 720)
@@ -512,6 +598,20 @@ def main() -> None:
         for i, x in enumerate(per, start=1):
             se = f" ({x[:, 0].std(ddof=1) / math.sqrt(len(x)):.5f})" if len(x) > 1 else ""
             print(f"{i:5d}   {x[:, 0].mean():+.5f}{se}   {x[:, 1].mean():+.6f}  {x[:, 2].mean():+.6f}")
+    if args.response:
+        got = response(spec, q0, p0, args.response, args.draws, args.seed, args.batch)
+        print(f"\nthe rows' response to the pairs' own dispersion carried at width {args.response} (every 4th block, "
+              "the last half's rows, mean over draws (se)): sqrt D, and the second-order move of a row's own attention "
+              "output and of its IPR, to the dispersion as carried, to a Wishart one of the same D, and by the "
+              "independent pairs' law (`response`)")
+        print("block   sqrt D    own output: carried (se)      wishart (se)          iid        "
+              "IPR: carried (se)             wishart (se)          iid")
+        for b, x in sorted(got.items()):
+            x = x[np.all(np.isfinite(x), axis=1)]
+            m = x.mean(axis=0)
+            se = [f"{v:.5f}" for v in x.std(axis=0, ddof=1) / math.sqrt(len(x))] if len(x) > 1 else ["-"] * 7
+            print(f"{b:5d}   {math.sqrt(m[0]):.4f}    {m[1]:+.5f} ({se[1]})   {m[3]:+.5f} ({se[3]})   {m[5]:+.5f}   "
+                  f"{m[2]:+.5f} ({se[2]})   {m[4]:+.5f} ({se[4]})   {m[6]:+.5f}")
     if args.split:
         moves = split(spec, q0, p0, args.split, args.draws, args.seed, args.batch)
         print(f"\nwhere the width's pull comes from at width {args.split} (values and MLP; chains in lockstep with the "
