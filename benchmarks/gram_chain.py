@@ -309,7 +309,8 @@ def rows_response(K: np.ndarray, dK: np.ndarray, c: dict, n: np.ndarray, rows: n
     ((f(K + e dK) + f(K - e dK)) / 2 - f(K)) / e^2 for f a row's own output a^T K a (the values read the same
     cosines) and its IPR, mean over `rows` (causal: row t reads keys 0..t) and over the scores' normals n (N, T), z =
     chol(scale^2 K) n common to the three; e the largest of 1, 1/2, .., 1/16 that keeps K -+ e dK positive
-    definite. The first order drops out: what is left is what a mean-zero dispersion does to the rows' means."""
+    definite (nan where none does: a dispersion spectrally as large as K's smallest eigenvalues, as the carried one at
+    T / width 0.7). The first order drops out: what is left is what a mean-zero dispersion does to the rows' means."""
     T = K.shape[0]
     causal = bool(c["mask"][0, -1] == 0)
 
@@ -338,7 +339,8 @@ def response(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int
     variance over pairs less its common part ("wishart": fresh Gaussian tokens at the width, the shape the sums add),
     and the independent pairs' law from the rows' power sums ("iid": c D X + (1 - rho) c^2 D Q / 4 on the own output,
     c^2 D Q / 4 on the IPR, c = scale^2; price_factor, price_ipr). Returns {block (from 1): (draws, 7)}: D, then
-    the own output's and the IPR's response as carried, as wishart and by iid."""
+    the own output's and the IPR's response as carried, as wishart and by iid (nan where rows_response finds no
+    second order)."""
     T, L = spec["sequence"]["length"], spec["model"]["layers"]
     c = _constants(spec)
     d = {"embeddings": 0, "scores": 0, "values": width, "mlp": width}
@@ -608,6 +610,9 @@ def main() -> None:
               "IPR: carried (se)             wishart (se)          iid")
         for b, x in sorted(got.items()):
             x = x[np.all(np.isfinite(x), axis=1)]
+            if not len(x):  # every draw's K -+ e delta indefinite down to e = 1/16: no second order to take
+                print(f"{b:5d}   (not perturbative in any draw)")
+                continue
             m = x.mean(axis=0)
             se = [f"{v:.5f}" for v in x.std(axis=0, ddof=1) / math.sqrt(len(x))] if len(x) > 1 else ["-"] * 7
             print(f"{b:5d}   {math.sqrt(m[0]):.4f}    {m[1]:+.5f} ({se[1]})   {m[3]:+.5f} ({se[3]})   {m[5]:+.5f}   "
