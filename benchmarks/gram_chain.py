@@ -338,9 +338,11 @@ def response(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int
     last half's rows, at most 32) to delta as carried ("carried"), to a normalized Wishart fluctuation of the same
     variance over pairs less its common part ("wishart": fresh Gaussian tokens at the width, the shape the sums add),
     and the independent pairs' law from the rows' power sums ("iid": c D X + (1 - rho) c^2 D Q / 4 on the own output,
-    c^2 D Q / 4 on the IPR, c = scale^2; price_factor, price_ipr). Returns {block (from 1): (draws, 7)}: D, then
+    c^2 D Q / 4 on the IPR, c = scale^2; price_factor, price_ipr). Returns {block (from 1): (draws, 9)}: D, then
     the own output's and the IPR's response as carried, as wishart and by iid (nan where rows_response finds no
-    second order)."""
+    second order); and what the attention output carries of delta at first order: with the rows held, g_V A delta A^T,
+    its slope on delta over pairs, and the rows' own move, g_V (A' K A'^T - A K A^T) with A' the rows on the carried
+    cosines (common score draws), its variance over pairs over D."""
     T, L = spec["sequence"]["length"], spec["model"]["layers"]
     c = _constants(spec)
     d = {"embeddings": 0, "scores": 0, "values": width, "mlp": width}
@@ -355,6 +357,10 @@ def response(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int
         for layer in range(L):
             if layer % every == every - 1:
                 Kp, Ko = _cosines(plain), _cosines(own)
+                A, Ao = (_rows(_factor(K), c["scale"], c["mask"], np.random.default_rng([seed, start, layer, 9]), 0)[0]
+                         for K in (Kp, Ko))
+                first = c["gv"] * (Ao @ Kp @ Ao.transpose(0, 2, 1) - A @ Kp @ A.transpose(0, 2, 1))
+                held = c["gv"] * (A @ (Ko - Kp) @ A.transpose(0, 2, 1))
                 for b in range(B):
                     delta = Ko[b] - Kp[b]
                     D = delta[pairs].var()
@@ -372,8 +378,10 @@ def response(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int
                         x, q = x + price_factor(a).mean() / len(rows), q + price_ipr(a).mean() / len(rows)
                     c2, r = c["scale"] ** 2, Kp[b][pairs].mean()
                     iid = [c2 * D * x + (1.0 - r) * c2 * c2 * D * q / 4.0, c2 * c2 * D * q / 4.0]
+                    x, y = (v[pairs] - v[pairs].mean() for v in (delta, held[b]))
                     out.setdefault(layer + 1, []).append(np.concatenate(
-                        [[D], rows_response(Kp[b], delta, c, n, rows), rows_response(Kp[b], W, c, n, rows), iid]))
+                        [[D], rows_response(Kp[b], delta, c, n, rows), rows_response(Kp[b], W, c, n, rows), iid,
+                         [(x @ y) / (x @ x), first[b][pairs].var() / D]]))
             key = [seed, start, layer]
             own = _block(own, c, np.random.default_rng(key), np.random.default_rng(key + [1]), d, own=True)[0]
             plain = _block(plain, c, np.random.default_rng(key), None, none)[0]
@@ -607,16 +615,18 @@ def main() -> None:
               "output and of its IPR, to the dispersion as carried, to a Wishart one of the same D, and by the "
               "independent pairs' law (`response`)")
         print("block   sqrt D    own output: carried (se)      wishart (se)          iid        "
-              "IPR: carried (se)             wishart (se)          iid")
+              "IPR: carried (se)             wishart (se)          iid        held slope  rows' move / D")
         for b, x in sorted(got.items()):
-            x = x[np.all(np.isfinite(x), axis=1)]
-            if not len(x):  # every draw's K -+ e delta indefinite down to e = 1/16: no second order to take
-                print(f"{b:5d}   (not perturbative in any draw)")
-                continue
-            m = x.mean(axis=0)
-            se = [f"{v:.5f}" for v in x.std(axis=0, ddof=1) / math.sqrt(len(x))] if len(x) > 1 else ["-"] * 7
-            print(f"{b:5d}   {math.sqrt(m[0]):.4f}    {m[1]:+.5f} ({se[1]})   {m[3]:+.5f} ({se[3]})   {m[5]:+.5f}   "
-                  f"{m[2]:+.5f} ({se[2]})   {m[4]:+.5f} ({se[4]})   {m[6]:+.5f}")
+            n = np.isfinite(x).sum(axis=0)  # (rows_response is nan where no second order exists: a large dispersion)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                m = np.nanmean(np.where(np.isfinite(x), x, np.nan), axis=0) if len(x) else np.full(9, np.nan)
+                se = np.nanstd(np.where(np.isfinite(x), x, np.nan), axis=0, ddof=1) / np.sqrt(n)
+
+            def v(k):
+                return f"{m[k]:+.5f} ({se[k]:.5f})" if n[k] > 1 else f"{m[k]:+.5f} (-)      " if n[k] else "-" + " " * 18
+
+            print(f"{b:5d}   {math.sqrt(m[0]):.4f}    {v(1)}   {v(3)}   {m[5]:+.5f}   {v(2)}   {v(4)}   {m[6]:+.5f}   "
+                  f"{m[7]:+.4f}      {m[8]:.4f}")
     if args.split:
         moves = split(spec, q0, p0, args.split, args.draws, args.seed, args.batch)
         print(f"\nwhere the width's pull comes from at width {args.split} (values and MLP; chains in lockstep with the "
