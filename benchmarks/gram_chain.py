@@ -388,6 +388,43 @@ def response(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int
     return {k: np.array(v) for k, v in out.items()}
 
 
+def wishart_rows(spec: dict, rho: float, width: int, draws: int, seed: int = 0, normals: int = 512) -> np.ndarray:
+    """The mean move of the late rows' own output and IPR (as rows_response's, the last half's rows, at most 32) when
+    their keys' cosines K (exchangeable at `rho`) are realized at `width`: K^ the cosines of T Gaussian tokens of
+    covariance K in `width` coordinates, less the mean move of their pairs (the common part, which the walk carries;
+    eigenvalues held at 1e-6 where that leaves K^ indefinite), f(K^) - f(K) with common score normals, whole rather
+    than to second order (at T / width near 1 and above, K^'s spectrum is as spread as K's). Returns (draws, 3): the
+    variance over pairs of K^ - K, and the two moves."""
+    T, c = spec["sequence"]["length"], _constants(spec)
+    K = (1.0 - rho) * np.eye(T) + rho
+    L = np.linalg.cholesky(K)
+    rows = np.unique(np.linspace(T // 2, T - 1, min(32, T - T // 2)).astype(int))
+    off, pairs = ~np.eye(T, dtype=bool), np.triu_indices(T, 1)
+    rng = np.random.default_rng([seed, 11])
+
+    def f(M, n):
+        z = n @ np.linalg.cholesky(c["scale"] ** 2 * M).T
+        out = np.zeros(2)
+        for t in rows:
+            k = t + 1 if c["mask"][0, -1] == 0 else T
+            a = np.exp(z[:, :k] - z[:, :k].max(axis=1, keepdims=True))
+            a /= a.sum(axis=1, keepdims=True)
+            out += [((a @ M[:k, :k]) * a).sum(axis=1).mean(), (a * a).sum(axis=1).mean()]
+        return out / len(rows)
+
+    got = []
+    for _ in range(draws):
+        X = L @ rng.standard_normal((T, width))
+        W = _cosines((X @ X.T / width)[None])[0]
+        W[off] -= (W - K)[off].mean()
+        ev, vec = np.linalg.eigh(W)
+        if ev[0] < 1e-6:
+            W = (vec * np.maximum(ev, 1e-6)) @ vec.T
+        n = rng.standard_normal((normals, T))
+        got.append(np.concatenate([[(W - K)[pairs].var()], f(W, n) - f(K, n)]))
+    return np.array(got)
+
+
 def split(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int = 0, batch: int = 16) -> dict:
     """Where the width's pull on rho comes from, as chains run in lockstep with the infinite-width one (common score
     draws, common weights): the values and MLP at `width` ("whole"); each sum's fluctuation less its common part
@@ -509,6 +546,8 @@ def main() -> None:
                     help="also where the width's pull comes from at this width (values, MLP; `split`)")
     ap.add_argument("--response", type=int, default=0,
                     help="also the rows' response to the pairs' dispersion carried at this width (`response`)")
+    ap.add_argument("--wishart", type=int, default=0,
+                    help="also the late rows' move on exchangeable keys realized at this width (`wishart_rows`)")
     ap.add_argument("--forced", action="store_true",
                     help="also each block teacher-forced on the chain's mean state (causal, infinite width; `forced`)")
     args = ap.parse_args()
@@ -525,10 +564,13 @@ def main() -> None:
     finite = tuple(p for p in args.finite.split(",") if p)
     if args.width and not int(T) <= args.width <= 65536 or any(p not in PARTS for p in finite):
         ap.error(f"--width must be 0 or in [T, 65536] and --finite of {', '.join(PARTS)}")
-    if (args.structure or args.pull or args.split or args.response) and args.width:
-        ap.error("--structure, --pull, --split and --response run beside the infinite-width chain: leave out --width")
+    if (args.structure or args.pull or args.split or args.response or args.wishart) and args.width:
+        ap.error("--structure, --pull, --split, --response and --wishart run beside the infinite-width chain: leave out "
+                 "--width")
     if any(x and not int(T) <= x <= 65536 for x in (args.pull, args.split, args.response)):
         ap.error("--pull, --split and --response must be in [T, 65536]")
+    if args.wishart and not 2 <= args.wishart <= 65536:
+        ap.error("--wishart must be in [2, 65536]")
     if args.forced and kind != "causal":
         ap.error("--forced runs the position-resolved engine: a causal cell")
     spec = spec_for(norm, float(ratio), int(T), kind == "causal", args.layers, 720)
@@ -627,6 +669,14 @@ def main() -> None:
 
             print(f"{b:5d}   {math.sqrt(m[0]):.4f}    {v(1)}   {v(3)}   {m[5]:+.5f}   {v(2)}   {v(4)}   {m[6]:+.5f}   "
                   f"{m[7]:+.4f}      {m[8]:.4f}")
+    if args.wishart:
+        print(f"\nthe late rows on exchangeable keys realized at width {args.wishart} (normalized, less the common part; "
+              f"{args.draws} draws): sqrt D, the mean move of a row's own attention output and of its IPR (se)")
+        for r in (0.3, 0.5, 0.7, 0.9):
+            x = wishart_rows(spec, r, args.wishart, args.draws, args.seed)
+            m, se = x.mean(axis=0), x.std(axis=0, ddof=1) / math.sqrt(len(x)) if len(x) > 1 else np.full(3, np.nan)
+            print(f"rho {r:.1f}   sqrt D {math.sqrt(m[0]):.4f}   own output {m[1]:+.5f} ({se[1]:.5f})   "
+                  f"IPR {m[2]:+.5f} ({se[2]:.5f})")
     if args.split:
         moves = split(spec, q0, p0, args.split, args.draws, args.seed, args.batch)
         print(f"\nwhere the width's pull comes from at width {args.split} (values and MLP; chains in lockstep with the "
