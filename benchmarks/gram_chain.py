@@ -304,29 +304,36 @@ def price_ipr(A: np.ndarray) -> np.ndarray:
         + 120.0 * Y2**3
 
 
+def _prefix_rows(z: np.ndarray, t: int, c: dict) -> np.ndarray:
+    """Softmax rows of the scores z (N, T) for row t: its keys 0..t (causal) or all of them."""
+    k = t + 1 if c["mask"][0, -1] == 0 else z.shape[1]
+    a = np.exp(z[:, :k] - z[:, :k].max(axis=1, keepdims=True))
+    return a / a.sum(axis=1, keepdims=True)
+
+
+def row_means(M: np.ndarray, c: dict, n: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The mean over `rows` and over the scores' normals n (N, T) of a row's own output a^T M a and its IPR, on keys'
+    cosines M (scores z = chol(scale^2 M) n, row t reading its keys' prefix: _prefix_rows)."""
+    z = n @ np.linalg.cholesky(c["scale"] ** 2 * M).T
+    out = np.zeros(2)
+    for t in rows:
+        a = _prefix_rows(z, t, c)
+        k = a.shape[1]
+        out += [((a @ M[:k, :k]) * a).sum(axis=1).mean(), (a * a).sum(axis=1).mean()]
+    return out / len(rows)
+
+
 def rows_response(K: np.ndarray, dK: np.ndarray, c: dict, n: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """The second-order response of attention rows to a dispersion dK of their keys' cosines K (one draw, T x T):
-    ((f(K + e dK) + f(K - e dK)) / 2 - f(K)) / e^2 for f a row's own output a^T K a (the values read the same
-    cosines) and its IPR, mean over `rows` (causal: row t reads keys 0..t) and over the scores' normals n (N, T), z =
-    chol(scale^2 K) n common to the three; e the largest of 1, 1/2, .., 1/16 that keeps K -+ e dK positive
-    definite (nan where none does: a dispersion spectrally as large as K's smallest eigenvalues, as the carried one at
-    T / width 0.7). The first order drops out: what is left is what a mean-zero dispersion does to the rows' means."""
-    T = K.shape[0]
-    causal = bool(c["mask"][0, -1] == 0)
-
-    def f(M):
-        z = n @ np.linalg.cholesky(c["scale"] ** 2 * M).T
-        out = np.zeros(2)
-        for t in rows:
-            k = t + 1 if causal else T
-            a = np.exp(z[:, :k] - z[:, :k].max(axis=1, keepdims=True))
-            a /= a.sum(axis=1, keepdims=True)
-            out += [((a @ M[:k, :k]) * a).sum(axis=1).mean(), (a * a).sum(axis=1).mean()]
-        return out / len(rows)
-
+    ((f(K + e dK) + f(K - e dK)) / 2 - f(K)) / e^2 for f row_means' (a row's own output a^T K a, the values reading the
+    same cosines, and its IPR), the scores' normals n common to the three; e the largest of 1, 1/2, .., 1/16 that
+    keeps K -+ e dK positive definite (nan where none does: a dispersion spectrally as large as K's smallest
+    eigenvalues, as the carried one at T / width 0.7). The first order drops out: what is left is what a mean-zero
+    dispersion does to the rows' means."""
     for e in (1.0, 0.5, 0.25, 0.125, 0.0625):
         if min(np.linalg.eigvalsh(K + x * dK)[0] for x in (e, -e)) > 1e-8:
-            return ((f(K + e * dK) + f(K - e * dK)) / 2.0 - f(K)) / e**2
+            f = [row_means(K + x * dK, c, n, rows) for x in (e, -e, 0.0)]
+            return ((f[0] + f[1]) / 2.0 - f[2]) / e**2
     return np.full(2, np.nan)
 
 
@@ -372,9 +379,7 @@ def response(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int
                     z = n @ np.linalg.cholesky(c["scale"] ** 2 * Kp[b] + 1e-10 * np.eye(T)).T
                     x = q = 0.0
                     for t in rows:
-                        k = t + 1 if c["mask"][0, -1] == 0 else T
-                        a = np.exp(z[:, :k] - z[:, :k].max(axis=1, keepdims=True))
-                        a /= a.sum(axis=1, keepdims=True)
+                        a = _prefix_rows(z, t, c)
                         x, q = x + price_factor(a).mean() / len(rows), q + price_ipr(a).mean() / len(rows)
                     c2, r = c["scale"] ** 2, Kp[b][pairs].mean()
                     iid = [c2 * D * x + (1.0 - r) * c2 * c2 * D * q / 4.0, c2 * c2 * D * q / 4.0]
@@ -389,7 +394,7 @@ def response(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int
 
 
 def wishart_rows(spec: dict, rho: float, width: int, draws: int, seed: int = 0, normals: int = 512) -> np.ndarray:
-    """The mean move of the late rows' own output and IPR (as rows_response's, the last half's rows, at most 32) when
+    """The mean move of the late rows' own output and IPR (row_means', the last half's rows, at most 32) when
     their keys' cosines K (exchangeable at `rho`) are realized at `width`: K^ the cosines of T Gaussian tokens of
     covariance K in `width` coordinates, less the mean move of their pairs (the common part, which the walk carries;
     eigenvalues held at 1e-6 where that leaves K^ indefinite), f(K^) - f(K) with common score normals, whole rather
@@ -402,16 +407,6 @@ def wishart_rows(spec: dict, rho: float, width: int, draws: int, seed: int = 0, 
     off, pairs = ~np.eye(T, dtype=bool), np.triu_indices(T, 1)
     rng = np.random.default_rng([seed, 11])
 
-    def f(M, n):
-        z = n @ np.linalg.cholesky(c["scale"] ** 2 * M).T
-        out = np.zeros(2)
-        for t in rows:
-            k = t + 1 if c["mask"][0, -1] == 0 else T
-            a = np.exp(z[:, :k] - z[:, :k].max(axis=1, keepdims=True))
-            a /= a.sum(axis=1, keepdims=True)
-            out += [((a @ M[:k, :k]) * a).sum(axis=1).mean(), (a * a).sum(axis=1).mean()]
-        return out / len(rows)
-
     got = []
     for _ in range(draws):
         X = L @ rng.standard_normal((T, width))
@@ -421,7 +416,7 @@ def wishart_rows(spec: dict, rho: float, width: int, draws: int, seed: int = 0, 
         if ev[0] < 1e-6:
             W = (vec * np.maximum(ev, 1e-6)) @ vec.T
         n = rng.standard_normal((normals, T))
-        got.append(np.concatenate([[(W - K)[pairs].var()], f(W, n) - f(K, n)]))
+        got.append(np.concatenate([[(W - K)[pairs].var()], row_means(W, c, n, rows) - row_means(K, c, n, rows)]))
     return np.array(got)
 
 

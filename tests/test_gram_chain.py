@@ -2,6 +2,7 @@
 in the uniform phase (the mean field is exact there) and at the first layer past beta_c, whose keys are exchangeable,
 so that a row's scores are i.i.d. and the engine's finite-T row law is exact (issue 13)."""
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -201,6 +202,20 @@ def test_split_puts_the_carried_pull_in_the_rows_keys():
     assert keys.mean() < 0.75 * own.mean(), (keys.mean(), own.mean())
 
 
+def _softmax(z):
+    """Softmax rows over the last axis."""
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _moved(z, s, t, a, b):
+    """The scores z with key s's moved by a and key t's by b, in every row."""
+    w = z.copy()
+    w[:, s] += a
+    w[:, t] += b
+    return w
+
+
 def test_price_factor_is_the_rows_mixed_second_derivatives():
     """price_factor (split's X) against central finite differences of each pair's A_s A_s' in the scores (step 1e-4,
     rows of 5 keys at score std 2): within 1e-6 (measured 5e-9); 4 for 5 on Y2 is off by at least 0.2, Y4 dropped
@@ -208,24 +223,14 @@ def test_price_factor_is_the_rows_mixed_second_derivatives():
     from gram_chain import price_factor
 
     rng, h = np.random.default_rng(0), 1e-4
-
-    def rows(z):
-        e = np.exp(z - z.max(axis=-1, keepdims=True))
-        return e / e.sum(axis=-1, keepdims=True)
-
     z = 2.0 * rng.standard_normal((4, 5))
     direct = np.zeros(4)
-    for s in range(5):
-        for t in range(5):
-            if s != t:
-                def g(a, b):
-                    w = z.copy()
-                    w[:, s] += a
-                    w[:, t] += b
-                    x = rows(w)
-                    return x[:, s] * x[:, t]
-                direct += (g(h, h) - g(h, -h) - g(-h, h) + g(-h, -h)) / (4.0 * h * h)
-    assert np.allclose(price_factor(rows(z)), direct, atol=1e-6), (price_factor(rows(z)), direct)
+    for s, t in itertools.permutations(range(5), 2):
+        def g(a, b):
+            x = _softmax(_moved(z, s, t, a * h, b * h))
+            return x[:, s] * x[:, t]
+        direct += (g(1, 1) - g(1, -1) - g(-1, 1) + g(-1, -1)) / (4.0 * h * h)
+    assert np.allclose(price_factor(_softmax(z)), direct, atol=1e-6), (price_factor(_softmax(z)), direct)
 
 
 def test_price_ipr_is_the_rows_mixed_fourth_derivatives():
@@ -235,26 +240,14 @@ def test_price_ipr_is_the_rows_mixed_fourth_derivatives():
     from gram_chain import price_ipr
 
     rng, h = np.random.default_rng(1), 1e-2
-
-    def ipr(w):
-        e = np.exp(w - w.max(axis=-1, keepdims=True))
-        a = e / e.sum(axis=-1, keepdims=True)
-        return (a * a).sum(axis=-1)
-
     z = 2.0 * rng.standard_normal((4, 5))
     direct = np.zeros(4)
-    for s in range(5):
-        for t in range(5):
-            if s != t:
-                def g(a, b):
-                    w = z.copy()
-                    w[:, s] += a * h
-                    w[:, t] += b * h
-                    return ipr(w)
-                second = [g(1, b) - 2.0 * g(0, b) + g(-1, b) for b in (1, 0, -1)]
-                direct += (second[0] - 2.0 * second[1] + second[2]) / h**4
-    e = np.exp(z - z.max(axis=-1, keepdims=True))
-    assert np.allclose(price_ipr(e / e.sum(axis=-1, keepdims=True)), direct, atol=1e-3)
+    for s, t in itertools.permutations(range(5), 2):
+        def g(a, b):
+            return (_softmax(_moved(z, s, t, a * h, b * h)) ** 2).sum(axis=-1)
+        second = [g(1, b) - 2.0 * g(0, b) + g(-1, b) for b in (1, 0, -1)]
+        direct += (second[0] - 2.0 * second[1] + second[2]) / h**4
+    assert np.allclose(price_ipr(_softmax(z)), direct, atol=1e-3)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -275,9 +268,7 @@ def test_rows_response_to_independent_pairs_is_their_law(seed):
         dK = np.triu(sd * rng.standard_normal((T, T)), 1)
         got += rows_response(K, dK + dK.T, c, rng.standard_normal((8192, T)), np.array([T - 1])) / 64
     n = rng.standard_normal((65536, T))
-    z = n @ np.linalg.cholesky(scale**2 * K).T
-    a = np.exp(z - z.max(axis=1, keepdims=True))
-    a /= a.sum(axis=1, keepdims=True)
+    a = _softmax(n @ np.linalg.cholesky(scale**2 * K).T)
     c2, D = scale**2, sd**2
     ipr = c2 * c2 * D * price_ipr(a).mean() / 4.0
     law = np.array([c2 * D * price_factor(a).mean() + (1.0 - rho) * ipr, ipr])
