@@ -311,6 +311,23 @@ def _prefix_rows(z: np.ndarray, t: int, c: dict) -> np.ndarray:
     return a / a.sum(axis=1, keepdims=True)
 
 
+def realized(G: np.ndarray, width: int, rng) -> np.ndarray:
+    """The Gram G (T x T) realized at `width`: the cosines of T Gaussian tokens of G's cosines in `width` coordinates,
+    less their pairs' mean move (the common part, which the walk carries), eigenvalues held at 1e-6 where that leaves
+    them indefinite (width below T), at G's own lengths."""
+    T = G.shape[0]
+    q = np.sqrt(np.diag(G))
+    K = G / np.outer(q, q)
+    X = np.linalg.cholesky(K + 1e-10 * np.eye(T)) @ rng.standard_normal((T, width))
+    W = _cosines((X @ X.T / width)[None])[0]
+    off = ~np.eye(T, dtype=bool)
+    W[off] -= (W - K)[off].mean()
+    ev, vec = np.linalg.eigh(W)
+    if ev[0] < 1e-6:
+        W = (vec * np.maximum(ev, 1e-6)) @ vec.T
+    return W * np.outer(q, q)
+
+
 def row_means(M: np.ndarray, c: dict, n: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """The mean over `rows` and over the scores' normals n (N, T) of a row's own output a^T M a and its IPR, on keys'
     cosines M (scores z = chol(scale^2 M) n, row t reading its keys' prefix: _prefix_rows)."""
@@ -338,18 +355,20 @@ def rows_response(K: np.ndarray, dK: np.ndarray, c: dict, n: np.ndarray, rows: n
 
 
 def response(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int = 0, batch: int = 16,
-             every: int = 4, normals: int = 1024) -> dict:
+             every: int = 4, normals: int = 1024, moves: int = 8) -> dict:
     """What each block's attention rows do with the pairs' own dispersion that the skip carries at `width` (the
     "own" chain of `split`, beside the infinite-width one: delta = its cosines less the infinite chain's, D their
     variance over pairs): per draw at every `every`-th block, the rows' second-order response (rows_response, the
     last half's rows, at most 32) to delta as carried ("carried"), to a normalized Wishart fluctuation of the same
     variance over pairs less its common part ("wishart": fresh Gaussian tokens at the width, the shape the sums add),
     and the independent pairs' law from the rows' power sums ("iid": c D X + (1 - rho) c^2 D Q / 4 on the own output,
-    c^2 D Q / 4 on the IPR, c = scale^2; price_factor, price_ipr). Returns {block (from 1): (draws, 9)}: D, then
+    c^2 D Q / 4 on the IPR, c = scale^2; price_factor, price_ipr). Returns {block (from 1): (draws, 10)}: D, then
     the own output's and the IPR's response as carried, as wishart and by iid (nan where rows_response finds no
     second order); and what the attention output carries of delta at first order: with the rows held, g_V A delta A^T,
     its slope on delta over pairs, and the rows' own move, g_V (A' K A'^T - A K A^T) with A' the rows on the carried
-    cosines (common score draws), its variance over pairs over D."""
+    cosines (common score draws), its variance over pairs over D; and the whole block's move of rho when its input is
+    realized at the width (1 - rho^2)^2 / D at which fresh tokens disperse by D (`realized`; the mean over `moves`
+    realizations, common score draws): the carried dispersion taken as Wishart-shaped, whole."""
     T, L = spec["sequence"]["length"], spec["model"]["layers"]
     c = _constants(spec)
     d = {"embeddings": 0, "scores": 0, "values": width, "mlp": width}
@@ -371,9 +390,7 @@ def response(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int
                 for b in range(B):
                     delta = Ko[b] - Kp[b]
                     D = delta[pairs].var()
-                    X = np.linalg.cholesky(Kp[b] + 1e-10 * np.eye(T)) @ rng.standard_normal((T, width))
-                    W = _cosines((X @ X.T / width)[None])[0] - Kp[b]
-                    W[~np.eye(T, dtype=bool)] -= W[pairs].mean()
+                    W = realized(Kp[b], width, rng) - Kp[b]
                     W *= math.sqrt(D / W[pairs].var())
                     n = rng.standard_normal((normals, T))
                     z = n @ np.linalg.cholesky(c["scale"] ** 2 * Kp[b] + 1e-10 * np.eye(T)).T
@@ -384,9 +401,16 @@ def response(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int
                     c2, r = c["scale"] ** 2, Kp[b][pairs].mean()
                     iid = [c2 * D * x + (1.0 - r) * c2 * c2 * D * q / 4.0, c2 * c2 * D * q / 4.0]
                     x, y = (v[pairs] - v[pairs].mean() for v in (delta, held[b]))
+                    deff = max(int(round((1.0 - r * r) ** 2 / D)), 2)  # the width at which fresh tokens disperse by D
+                    whole = []
+                    for k in range(moves):
+                        gen = [seed, start, layer, b, k]
+                        hat = realized(plain[b], deff, np.random.default_rng(gen + [1]))
+                        whole.append(_rho(_block(hat[None], c, np.random.default_rng(gen), None, none)[0])[0]
+                                     - _rho(_block(plain[b][None], c, np.random.default_rng(gen), None, none)[0])[0])
                     out.setdefault(layer + 1, []).append(np.concatenate(
                         [[D], rows_response(Kp[b], delta, c, n, rows), rows_response(Kp[b], W, c, n, rows), iid,
-                         [(x @ y) / (x @ x), first[b][pairs].var() / D]]))
+                         [(x @ y) / (x @ x), first[b][pairs].var() / D, np.mean(whole)]]))
             key = [seed, start, layer]
             own = _block(own, c, np.random.default_rng(key), np.random.default_rng(key + [1]), d, own=True)[0]
             plain = _block(plain, c, np.random.default_rng(key), None, none)[0]
@@ -395,26 +419,18 @@ def response(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int
 
 def wishart_rows(spec: dict, rho: float, width: int, draws: int, seed: int = 0, normals: int = 512) -> np.ndarray:
     """The mean move of the late rows' own output and IPR (row_means', the last half's rows, at most 32) when
-    their keys' cosines K (exchangeable at `rho`) are realized at `width`: K^ the cosines of T Gaussian tokens of
-    covariance K in `width` coordinates, less the mean move of their pairs (the common part, which the walk carries;
-    eigenvalues held at 1e-6 where that leaves K^ indefinite), f(K^) - f(K) with common score normals, whole rather
-    than to second order (at T / width near 1 and above, K^'s spectrum is as spread as K's). Returns (draws, 3): the
+    their keys' cosines K (exchangeable at `rho`) are realized at `width` (`realized`), f(K^) - f(K) with common score
+    normals, whole rather than to second order (at T / width near 1 and above, K^'s spectrum is as spread as K's). Returns (draws, 3): the
     variance over pairs of K^ - K, and the two moves."""
     T, c = spec["sequence"]["length"], _constants(spec)
     K = (1.0 - rho) * np.eye(T) + rho
-    L = np.linalg.cholesky(K)
     rows = np.unique(np.linspace(T // 2, T - 1, min(32, T - T // 2)).astype(int))
-    off, pairs = ~np.eye(T, dtype=bool), np.triu_indices(T, 1)
+    pairs = np.triu_indices(T, 1)
     rng = np.random.default_rng([seed, 11])
 
     got = []
     for _ in range(draws):
-        X = L @ rng.standard_normal((T, width))
-        W = _cosines((X @ X.T / width)[None])[0]
-        W[off] -= (W - K)[off].mean()
-        ev, vec = np.linalg.eigh(W)
-        if ev[0] < 1e-6:
-            W = (vec * np.maximum(ev, 1e-6)) @ vec.T
+        W = realized(K, width, rng)
         n = rng.standard_normal((normals, T))
         got.append(np.concatenate([[(W - K)[pairs].var()], row_means(W, c, n, rows) - row_means(K, c, n, rows)]))
     return np.array(got)
@@ -652,18 +668,19 @@ def main() -> None:
               "output and of its IPR, to the dispersion as carried, to a Wishart one of the same D, and by the "
               "independent pairs' law (`response`)")
         print("block   sqrt D    own output: carried (se)      wishart (se)          iid        "
-              "IPR: carried (se)             wishart (se)          iid        held slope  rows' move / D")
+              "IPR: carried (se)             wishart (se)          iid        held slope  rows' move / D  "
+              "block at (1 - rho^2)^2 / D (se)")
         for b, x in sorted(got.items()):
             n = np.isfinite(x).sum(axis=0)  # (rows_response is nan where no second order exists: a large dispersion)
             with np.errstate(invalid="ignore", divide="ignore"):
-                m = np.nanmean(np.where(np.isfinite(x), x, np.nan), axis=0) if len(x) else np.full(9, np.nan)
+                m = np.nanmean(np.where(np.isfinite(x), x, np.nan), axis=0) if len(x) else np.full(10, np.nan)
                 se = np.nanstd(np.where(np.isfinite(x), x, np.nan), axis=0, ddof=1) / np.sqrt(n)
 
             def v(k):
                 return f"{m[k]:+.5f} ({se[k]:.5f})" if n[k] > 1 else f"{m[k]:+.5f} (-)      " if n[k] else "-" + " " * 18
 
             print(f"{b:5d}   {math.sqrt(m[0]):.4f}    {v(1)}   {v(3)}   {m[5]:+.5f}   {v(2)}   {v(4)}   {m[6]:+.5f}   "
-                  f"{m[7]:+.4f}      {m[8]:.4f}")
+                  f"{m[7]:+.4f}      {m[8]:.4f}          {v(9)}")
     if args.wishart:
         print(f"\nthe late rows on exchangeable keys realized at width {args.wishart} (normalized, less the common part; "
               f"{args.draws} draws): sqrt D, the mean move of a row's own attention output and of its IPR (se)")
