@@ -297,8 +297,8 @@ def price_factor(A: np.ndarray) -> np.ndarray:
 def price_ipr(A: np.ndarray) -> np.ndarray:
     """Per row of A: sum over keys s != s' of d^4 Y2 / dz_s^2 dz_s'^2, -10 Y2 + 64 Y3 - 96 Y4 + 192 Y5 - 6 Y2^2 - 144
     Y2 Y3 - 120 Y2 Y4 + 120 Y2^3 (a least-squares fit over the products of power sums of degree <= 6, exact to 1e-13):
-    by Price's theorem at second order a row's IPR moves by c^4 D Q / 4 where the keys' overlaps disperse by D pair by
-    pair, independently."""
+    by Price's theorem at second order a row's IPR moves by scale^4 D Q / 4 where the keys' overlaps disperse by D pair
+    by pair, independently."""
     Y2, Y3, Y4, Y5 = ((A**k).sum(axis=-1) for k in (2, 3, 4, 5))
     return -10.0 * Y2 + 64.0 * Y3 - 96.0 * Y4 + 192.0 * Y5 - 6.0 * Y2 * Y2 - 144.0 * Y2 * Y3 - 120.0 * Y2 * Y4 \
         + 120.0 * Y2**3
@@ -401,16 +401,16 @@ def response(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int
                     c2, r = c["scale"] ** 2, Kp[b][pairs].mean()
                     iid = [c2 * D * x + (1.0 - r) * c2 * c2 * D * q / 4.0, c2 * c2 * D * q / 4.0]
                     x, y = (v[pairs] - v[pairs].mean() for v in (delta, held[b]))
-                    deff = max(int(round((1.0 - r * r) ** 2 / D)), 2)  # the width at which fresh tokens disperse by D
                     whole = []
-                    for k in range(moves):
+                    for k in range(moves if D > 0.0 else 0):  # (no dispersion: no width)
+                        deff = max(int(round((1.0 - r * r) ** 2 / D)), 2)  # where fresh tokens disperse by D
                         gen = [seed, start, layer, b, k]
                         hat = realized(plain[b], deff, np.random.default_rng(gen + [1]))
                         whole.append(_rho(_block(hat[None], c, np.random.default_rng(gen), None, none)[0])[0]
                                      - _rho(_block(plain[b][None], c, np.random.default_rng(gen), None, none)[0])[0])
                     out.setdefault(layer + 1, []).append(np.concatenate(
                         [[D], rows_response(Kp[b], delta, c, n, rows), rows_response(Kp[b], W, c, n, rows), iid,
-                         [(x @ y) / (x @ x), first[b][pairs].var() / D, np.mean(whole)]]))
+                         [(x @ y) / (x @ x), first[b][pairs].var() / D, np.mean(whole) if whole else np.nan]]))
             key = [seed, start, layer]
             own = _block(own, c, np.random.default_rng(key), np.random.default_rng(key + [1]), d, own=True)[0]
             plain = _block(plain, c, np.random.default_rng(key), None, none)[0]
@@ -420,8 +420,8 @@ def response(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int
 def wishart_rows(spec: dict, rho: float, width: int, draws: int, seed: int = 0, normals: int = 512) -> np.ndarray:
     """The mean move of the late rows' own output and IPR (row_means', the last half's rows, at most 32) when
     their keys' cosines K (exchangeable at `rho`) are realized at `width` (`realized`), f(K^) - f(K) with common score
-    normals, whole rather than to second order (at T / width near 1 and above, K^'s spectrum is as spread as K's). Returns (draws, 3): the
-    variance over pairs of K^ - K, and the two moves."""
+    normals, whole rather than to second order (at T / width near 1 and above, K^'s spectrum is as spread as K's).
+    Returns (draws, 3): the variance over pairs of K^ - K, and the two moves."""
     T, c = spec["sequence"]["length"], _constants(spec)
     K = (1.0 - rho) * np.eye(T) + rho
     rows = np.unique(np.linspace(T // 2, T - 1, min(32, T - T // 2)).astype(int))
@@ -576,8 +576,8 @@ def main() -> None:
     if args.width and not int(T) <= args.width <= 65536 or any(p not in PARTS for p in finite):
         ap.error(f"--width must be 0 or in [T, 65536] and --finite of {', '.join(PARTS)}")
     if (args.structure or args.pull or args.split or args.response or args.wishart) and args.width:
-        ap.error("--structure, --pull, --split, --response and --wishart run beside the infinite-width chain: leave out "
-                 "--width")
+        ap.error("--structure, --pull, --split, --response and --wishart run beside the infinite-width chain: "
+                 "leave out --width")
     if any(x and not int(T) <= x <= 65536 for x in (args.pull, args.split, args.response)):
         ap.error("--pull, --split and --response must be in [T, 65536]")
     if args.wishart and not 2 <= args.wishart <= 65536:
@@ -677,13 +677,15 @@ def main() -> None:
                 se = np.nanstd(np.where(np.isfinite(x), x, np.nan), axis=0, ddof=1) / np.sqrt(n)
 
             def v(k):
-                return f"{m[k]:+.5f} ({se[k]:.5f})" if n[k] > 1 else f"{m[k]:+.5f} (-)      " if n[k] else "-" + " " * 18
+                if not n[k]:
+                    return "-" + " " * 18
+                return f"{m[k]:+.5f} ({se[k]:.5f})" if n[k] > 1 else f"{m[k]:+.5f} (-)      "
 
             print(f"{b:5d}   {math.sqrt(m[0]):.4f}    {v(1)}   {v(3)}   {m[5]:+.5f}   {v(2)}   {v(4)}   {m[6]:+.5f}   "
                   f"{m[7]:+.4f}      {m[8]:.4f}          {v(9)}")
     if args.wishart:
-        print(f"\nthe late rows on exchangeable keys realized at width {args.wishart} (normalized, less the common part; "
-              f"{args.draws} draws): sqrt D, the mean move of a row's own attention output and of its IPR (se)")
+        print(f"\nthe late rows on exchangeable keys realized at width {args.wishart} (normalized, less the common "
+              f"part; {args.draws} draws): sqrt D, the mean move of a row's own attention output and of its IPR (se)")
         for r in (0.3, 0.5, 0.7, 0.9):
             x = wishart_rows(spec, r, args.wishart, args.draws, args.seed)
             m, se = x.mean(axis=0), x.std(axis=0, ddof=1) / math.sqrt(len(x)) if len(x) > 1 else np.full(3, np.nan)
