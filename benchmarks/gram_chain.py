@@ -314,7 +314,7 @@ def _prefix_rows(z: np.ndarray, t: int, c: dict) -> np.ndarray:
 def realized(G: np.ndarray, width: int, rng) -> np.ndarray:
     """The Gram G (T x T) realized at `width`: the cosines of T Gaussian tokens of G's cosines in `width` coordinates,
     less their pairs' mean move (the common part, which the walk carries), eigenvalues held at 1e-6 where that leaves
-    them indefinite (width below T), at G's own lengths."""
+    them indefinite (width near or below T; cosines again after), at G's own lengths."""
     T = G.shape[0]
     q = np.sqrt(np.diag(G))
     K = G / np.outer(q, q)
@@ -323,9 +323,16 @@ def realized(G: np.ndarray, width: int, rng) -> np.ndarray:
     off = ~np.eye(T, dtype=bool)
     W[off] -= (W - K)[off].mean()
     ev, vec = np.linalg.eigh(W)
-    if ev[0] < 1e-6:
-        W = (vec * np.maximum(ev, 1e-6)) @ vec.T
+    if ev[0] < 1e-6:  # (then cosines again)
+        W = _cosines(((vec * np.maximum(ev, 1e-6)) @ vec.T)[None])[0]
     return W * np.outer(q, q)
+
+
+def fresh_width(rho: float, D: float) -> int:
+    """The width at which `realized` tokens at cosine rho disperse by D over pairs: a cosine of fresh tokens varies by
+    (1 - rho^2)^2 / width, and two disjoint pairs' covary by 2 rho^2 (1 - rho)^2 / width (the common part, which
+    `realized` takes off)."""
+    return max(int(round(((1.0 - rho * rho) ** 2 - 2.0 * rho * rho * (1.0 - rho) ** 2) / D)), 2)
 
 
 def row_means(M: np.ndarray, c: dict, n: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -367,7 +374,7 @@ def response(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int
     second order); and what the attention output carries of delta at first order: with the rows held, g_V A delta A^T,
     its slope on delta over pairs, and the rows' own move, g_V (A' K A'^T - A K A^T) with A' the rows on the carried
     cosines (common score draws), its variance over pairs over D; and the whole block's move of rho when its input is
-    realized at the width (1 - rho^2)^2 / D at which fresh tokens disperse by D (`realized`; the mean over `moves`
+    realized at the width at which fresh tokens disperse by D (`realized` at `fresh_width`; the mean over `moves`
     realizations, common score draws): the carried dispersion taken as Wishart-shaped, whole."""
     T, L = spec["sequence"]["length"], spec["model"]["layers"]
     c = _constants(spec)
@@ -403,9 +410,8 @@ def response(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int
                     x, y = (v[pairs] - v[pairs].mean() for v in (delta, held[b]))
                     whole = []
                     for k in range(moves if D > 0.0 else 0):  # (no dispersion: no width)
-                        deff = max(int(round((1.0 - r * r) ** 2 / D)), 2)  # where fresh tokens disperse by D
                         gen = [seed, start, layer, b, k]
-                        hat = realized(plain[b], deff, np.random.default_rng(gen + [1]))
+                        hat = realized(plain[b], fresh_width(r, D), np.random.default_rng(gen + [1]))
                         whole.append(_rho(_block(hat[None], c, np.random.default_rng(gen), None, none)[0])[0]
                                      - _rho(_block(plain[b][None], c, np.random.default_rng(gen), None, none)[0])[0])
                     out.setdefault(layer + 1, []).append(np.concatenate(
@@ -669,7 +675,7 @@ def main() -> None:
               "independent pairs' law (`response`)")
         print("block   sqrt D    own output: carried (se)      wishart (se)          iid        "
               "IPR: carried (se)             wishart (se)          iid        held slope  rows' move / D  "
-              "block at (1 - rho^2)^2 / D (se)")
+              "block at fresh_width (se)")
         for b, x in sorted(got.items()):
             n = np.isfinite(x).sum(axis=0)  # (rows_response is nan where no second order exists: a large dispersion)
             with np.errstate(invalid="ignore", divide="ignore"):
