@@ -171,6 +171,11 @@ def walk_variance(resp: dict, qs, ps) -> list:
 _GH = np.sqrt(3.0)  # three-point Gauss-Hermite: E f(x + s z) = 2/3 f(x) + 1/6 (f(x + sqrt 3 s) + f(x - sqrt 3 s))
 
 
+def _gh_shift(f0, fp, fm):
+    """E f(x + s z) - f(x) by three-point Gauss-Hermite from f at x, x + sqrt 3 s and x - sqrt 3 s."""
+    return (fp + fm) / 6.0 - f0 / 3.0
+
+
 def mean_shift(blocks, widths, qs, ps, resp: dict, V: list) -> tuple[np.ndarray, np.ndarray]:
     """(B per index, the IPR's shift per layer; arrays over the layers): the mean over sequences of rho and of the
     attention's IPR at width d, to second order in the walk. A block's map f of its input's rho is not linear, so the
@@ -191,10 +196,10 @@ def mean_shift(blocks, widths, qs, ps, resp: dict, V: list) -> tuple[np.ndarray,
         d = np.asarray([widths[l] for l in idx], dtype=float).reshape((-1,) + (1,) * (np.ndim(q0) - 1))
         r, caches, var = _run(ops, q0, p0, (0.0, s, -s),
                               lambda q, v: np.minimum(_GH * np.sqrt(np.maximum(v, 0.0) / d), 0.5 * q), d)
-        jensen = (r[1] + r[2]) / 6.0 - r[0] / 3.0 + sum((r[j] + r[j + 1]) / 6.0 - r[0] / 3.0 for j, _, _ in var)
+        jensen = _gh_shift(r[0], r[1], r[2]) + sum(_gh_shift(r[0], r[j], r[j + 1]) for j, _, _ in var)
         jensen = jensen + sum(r[j] - r[0] for j in range(3 + 2 * len(var), len(r)))  # the pairs' own biases
         y = _y2(ops, caches, r.shape)
-        jy = None if y is None else (y[1] + y[2]) / 6.0 - y[0] / 3.0
+        jy = None if y is None else _gh_shift(y[0], y[1], y[2])
         for i, l in enumerate(idx):
             J[l] = jensen[i]
             if jy is not None:
@@ -395,10 +400,10 @@ def causal_factor(blocks, G, states, grads, widths, means: bool = False
                 walked = [causal_forward(ops, G, cz._clamp(G, _moved(G, states[l], x, True))) for x in
                           (B[l], B[l] + _GH * _root(V[l]), B[l] - _GH * _root(V[l]))]
                 rw = [cz._summary(G, cz._clamp(G, Z))[0] for Z, _ in walked]
-                B.append(float(np.clip((4.0 * rw[0] + rw[1] + rw[2]) / 6.0 - r[0] + moves + own, -2.0, 2.0)))
+                B.append(float(np.clip(rw[0] - r[0] + _gh_shift(*rw) + moves + own, -2.0, 2.0)))
                 y = [find(ops, c, Attention) for c in [runs[0][1]] + [c for _, c in walked]]
                 if y[0] is not None:
-                    dy[l] = (4.0 * y[1].y2 + y[2].y2 + y[3].y2) / 6.0 - y[0].y2
+                    dy[l] = y[1].y2 - y[0].y2 + _gh_shift(y[1].y2, y[2].y2, y[3].y2)
             else:
                 B.append(float(np.clip(a[l] * B[l] + 0.5 * bend[0] * V[l] + moves, -2.0, 2.0)))
             Bs = [causal_backward(ops, G, grads[l + 1], c) for _, c in runs]  # the mean-field one first (M's caches)
