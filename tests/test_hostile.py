@@ -431,6 +431,11 @@ ENGINE_REGRESSIONS = {
     "centered-identical-tokens": {"model": {"layers": 1, "d_model": 1, "heads": 1, "attention": "centered"},
                                   "sequence": {"vocab": 1, "embeddings": ["token"]},
                                   "residual": {"attention": {"skip": 0.0}}},
+    # (benchmarks/fuzz.py, seed 3101: the distance-resolved engine's q was a Python float, whose ** raised
+    # OverflowError within a block past the clamp; `check` and `sweep` exited "internal error")
+    "windowed-long-context-skip-overflow": {"model": {"layers": 44, "d_model": 64, "heads": 1, "norm": "reordered",
+                                                      "sliding_window": 82},
+                                            "sequence": {"length": 20000}, "residual": {"mlp": {"skip": 1574.0}}},
 }
 
 

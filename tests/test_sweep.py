@@ -250,3 +250,14 @@ def test_sweep_of_a_long_sliding_window_model(monkeypatch):
     for row in sweep(spec, depth=[2, 4])["configs"]:
         q = D.check(spec.with_overrides(layers=row["value"]))["layers"][-1]["q"]
         assert row["modules"]["final_residual"]["rms"] == pytest.approx(math.sqrt(q), rel=1e-5)
+
+
+def test_sweep_past_the_range_on_the_distance_engine():
+    """A windowed long-context stack whose stream leaves the engine's range (the fuzzer's OverflowError inside a
+    block of the distance-resolved engine): finite JSON, and the clamped stream reported as no size."""
+    from initadvisor.api import load
+    from test_hostile import ENGINE_REGRESSIONS
+
+    res = sweep(load(ENGINE_REGRESSIONS["windowed-long-context-skip-overflow"]), depth=[11, 44])
+    json.dumps(res, allow_nan=False)
+    assert res["configs"][-1]["modules"]["final_residual"]["rms"] is None

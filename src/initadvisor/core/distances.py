@@ -103,8 +103,9 @@ def distance_backward(ops, gq, gp, caches) -> tuple:
 
 def distance_forward(ops, q, c) -> tuple:
     """One block on the distance-resolved state: Attention and Residual by their `distances`, every other
-    (position-wise) operation by its pair map over the distances."""
-    caches = []
+    (position-wise) operation by its pair map over the distances. q is taken as a numpy float, so that an overflow
+    within the block is inf (caught by the clamp after it), not Python's OverflowError."""
+    caches, q = [], np.float64(q)
     for op in ops:
         f = getattr(op, "distances", None)
         q, c, cache = f(q, c) if f is not None else op.moments(q, c)
