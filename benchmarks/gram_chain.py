@@ -2,7 +2,7 @@
 
 Usage: OPENBLAS_NUM_THREADS=1 python benchmarks/gram_chain.py post:1.5:512:causal [--draws 32] [--seed 0]
        [--report DIR/post-1.5-512-causal.json] [--width 720 [--finite embeddings,scores,values,mlp]]
-       [--structure] [--forced] [--pull 720] [--split 720] [--batch 16]
+       [--structure] [--forced] [--pull 720] [--split 720] [--blind] [--batch 16]
 
 At infinite width the stream of phase_fidelity.py's encoder is its T x T Gram matrix G (x_s . x_s' / d), and a block
 maps it exactly, given one random matrix per layer: the scores S = beta sqrt(ln T) L Z L^T (L L^T the attention
@@ -18,7 +18,9 @@ pair over the layers. Token repeats (vocab 50000) are left out. Asserts nothing.
 `--forced` each block of the engine teacher-forced on the chain's mean state (`forced`, causal cells; with `--width`,
 against the chain's next layer at that width), `--pull D` each block's own pull on rho at width D (`pull`, from the
 infinite-width chain's states) beside its prediction from the norms' cosine bias (`pull_predicted`), `--split D`
-where the width's pull on rho comes from, in chains run in lockstep with the infinite-width one (`split`).
+where the width's pull on rho comes from, in chains run in lockstep with the infinite-width one (`split`), `--blind`
+the chain beside one whose rows read the draws' mean state, as the engine's do (`blind`), and the engine's two row
+laws against that.
 
 `--width d` draws the `--finite` parts at width d instead (d >= T), which locates the width's effect: fresh Gaussian
 weights are blind to the frame, so with the stream taken as sqrt(d) [L | 0] (its Gram L L^T, in its first T
@@ -479,6 +481,31 @@ def split(spec: dict, q0: float, p0: float, width: int, draws: int, seed: int = 
     return {m: np.concatenate(v) for m, v in out.items()}
 
 
+def blind(spec: dict, q0: float, p0: float, draws: int, seed: int = 0) -> dict:
+    """The infinite-width chain (all `draws` in one batch) in lockstep with the same chain whose rows read the batch's
+    mean state at every layer (common score draws): rows blind to each draw's own departure from the mean Gram, its
+    pairs' dispersion at finite T and its common move, as the engine's rows are. Returns "plain" and "blind", rho
+    (draws, L + 1), and "D" (L + 1): the plain chain's pairs' own dispersion at finite T, the variance over pairs of
+    each draw's cosines less their mean over the draws and less the draw's mean move, averaged over the draws."""
+    T, L = spec["sequence"]["length"], spec["model"]["layers"]
+    c = _constants(spec)
+    none = dict.fromkeys(PARTS, 0)
+    pairs = np.triu_indices(T, 1)
+    G = np.broadcast_to(p0 + (q0 - p0) * np.eye(T), (draws, T, T)).copy()
+    H = G.copy()
+    out = {"plain": [_rho(G)], "blind": [_rho(H)], "D": [0.0]}
+    for layer in range(L):
+        key = [seed, layer, 13]
+        G = _block(G, c, np.random.default_rng(key), None, none)[0]
+        H = _block(H, c, np.random.default_rng(key), None, none, shadow=np.broadcast_to(H.mean(axis=0), H.shape))[0]
+        dev = _cosines(G)[:, pairs[0], pairs[1]]
+        dev = dev - dev.mean(axis=0)
+        out["plain"].append(_rho(G))
+        out["blind"].append(_rho(H))
+        out["D"].append(float((dev - dev.mean(axis=1, keepdims=True)).var(axis=1).mean()))
+    return {"plain": np.stack(out["plain"], axis=1), "blind": np.stack(out["blind"], axis=1), "D": np.array(out["D"])}
+
+
 def chain(spec: dict, q0: float, p0: float, draws: int, rng, batch: int = 16, width: int = 0,
           finite: tuple = PARTS, probe=None) -> tuple[np.ndarray, np.ndarray]:
     """rho (draws, L + 1) and IPR (draws, L) of the encoder `spec` from the stream-0 moments: at infinite width, or
@@ -565,6 +592,8 @@ def main() -> None:
                     help="also the rows' response to the pairs' dispersion carried at this width (`response`)")
     ap.add_argument("--wishart", type=int, default=0,
                     help="also the late rows' move on exchangeable keys realized at this width (`wishart_rows`)")
+    ap.add_argument("--blind", action="store_true",
+                    help="also the chain with its rows reading the draws' mean state (infinite width; `blind`)")
     ap.add_argument("--forced", action="store_true",
                     help="also each block teacher-forced on the chain's mean state (causal, infinite width; `forced`)")
     args = ap.parse_args()
@@ -581,8 +610,8 @@ def main() -> None:
     finite = tuple(p for p in args.finite.split(",") if p)
     if args.width and not int(T) <= args.width <= 65536 or any(p not in PARTS for p in finite):
         ap.error(f"--width must be 0 or in [T, 65536] and --finite of {', '.join(PARTS)}")
-    if (args.structure or args.pull or args.split or args.response or args.wishart) and args.width:
-        ap.error("--structure, --pull, --split, --response and --wishart run beside the infinite-width chain: "
+    if (args.structure or args.pull or args.split or args.response or args.wishart or args.blind) and args.width:
+        ap.error("--structure, --pull, --split, --response, --wishart and --blind run beside the infinite-width chain: "
                  "leave out --width")
     if any(x and not int(T) <= x <= 65536 for x in (args.pull, args.split, args.response)):
         ap.error("--pull, --split and --response must be in [T, 65536]")
@@ -712,6 +741,28 @@ def main() -> None:
             price = scale**2 * float((D[:, i - 1] * X[:, i - 1]).mean()) * spec["init"]["v"]["gain"]
             print(f"{i:5d}   " + "".join(f"{x[:, i].mean():+.5f}{e}".ljust(22) for x, e in zip(moves.values(), se))
                   + f"{math.sqrt(D[:, i - 1].mean()):.4f}    {price:.2e}")
+    if args.blind:
+        from initadvisor.core import ops
+
+        got = blind(spec, q0, p0, args.draws, args.seed)
+        big = spec_for(norm, float(ratio), int(T), kind == "causal", args.layers, 10**6)
+        laws, was = [_engine(big)[0]], ops.FIELD_LAW
+        ops.FIELD_LAW = True
+        try:
+            laws.append(_engine(big)[0])
+        finally:
+            ops.FIELD_LAW = was
+        x, b = got["plain"], got["blind"]
+        se = (b - x).std(axis=0, ddof=1) / math.sqrt(len(x)) if len(x) > 1 else np.full(x.shape[1], np.nan)
+        print(f"\nthe rows blind to the draws (`blind`; {args.draws} draws in one batch, infinite width): the chain's "
+              "rho, the chain whose rows read the draws' mean state less it (se, paired), the engine's rows at the mean "
+              "state (at width 10^6: the i.i.d. rows as shipped, the field law) less that blind chain, and sqrt D_T, "
+              "the chain's pairs' own dispersion at finite T")
+        print("index   chain    blind - chain (se)    i.i.d. rows - blind   field law - blind   sqrt D_T")
+        for i in range(args.layers + 1):
+            print(f"{i:5d}   {x[:, i].mean():.4f}   {b[:, i].mean() - x[:, i].mean():+.5f} ({_se(se[i])})   "
+                  f"{laws[0][i] - b[:, i].mean():+.5f}             {laws[1][i] - b[:, i].mean():+.5f}           "
+                  f"{math.sqrt(got['D'][i]):.4f}")
     if net:
         (n_rho, n_srho), (n_ipr, n_sipr) = net["rho"], net["ipr"]
         print(f"chain - network (the width):       rho {_gap(c_rho, n_rho, np.hypot(s_rho, n_srho), False)}, "

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from gram_chain import _engine, chain  # noqa: E402
+from gram_chain import _engine, blind, chain  # noqa: E402
 from phase_fidelity import spec_for  # noqa: E402
 
 
@@ -299,3 +299,19 @@ def test_realized_at_fresh_width_disperses_by_D(rho):
             assert cos[pairs].mean() == pytest.approx(rho, abs=1e-9)
             got.append((cos - K)[pairs].var())
         assert np.mean(got) == pytest.approx(D, rel=0.10)
+
+
+def test_blind_rows_read_the_draws_mean_state():
+    """`blind`: the rows of the blind chain read the draws' mean state. From the common input its first block is the
+    chain's (the mean of equal states is each); from the second on the draws' own departures move the chain's rows
+    and not the blind one's; with one draw the mean is the draw, so the two chains are one, and a draw has no
+    dispersion about itself. Rows read at another axis's mean, or the chain's own state, fail one of these."""
+    spec = spec_for("post", 2.5, 8, True, 4, 720)
+    _, _, q0, p0 = _engine(spec)
+    got = blind(spec, q0, p0, 3)
+    assert np.array_equal(got["plain"][:, :2], got["blind"][:, :2])
+    assert np.abs(got["plain"][:, 2:] - got["blind"][:, 2:]).min() > 1e-6
+    assert got["D"][0] == 0.0 and (got["D"][1:] > 1e-6).all()
+    one = blind(spec, q0, p0, 1)
+    np.testing.assert_allclose(one["plain"], one["blind"], rtol=0, atol=1e-12)
+    assert np.abs(one["D"]).max() < 1e-20
