@@ -6,12 +6,13 @@ Usage: OPENBLAS_NUM_THREADS=1 python benchmarks/two_row_shape.py [--rows 60000] 
 
 Two rows read the same keys (cosines K, unit diagonal); their scores are z_a = sqrt(c) L g_a and z_b = r z_a +
 sqrt(1 - r^2) sqrt(c) L g_h (L L^T = K), so the queries correlate by r. Y(r) = E sum_j A_j B_j. The engine's field law
-(ops.Attention._field_law) has Y(0) and Y(1) exact and takes Y(r) = Y(0) + (Y(1) - Y(0)) h(r) between them, h the
+(ops.Attention._field_law) has Y(0) and Y(1) exact and took Y(r) = Y(0) + (Y(1) - Y(0)) h(r) between them, h the
 i.i.d. rows' shape (softmax_rows.expected_overlap at the rows' score spread). At r = 0 the rows are independent and
 Price's theorem on their cross-covariance r c K gives the slope exactly from one row's moments:
 dY/dr = c sum_i (a K a^T)_ii, a_ij = delta_ij E[A_i] - E[A_i A_j]. Printed per layout: Y(0), Y(1), that slope and
 the shape's, then per r the sampled Y and the two interpolations over it (the shape's, and the shape plus
-lambda r (1 - r) with lambda matching the slope). Asserts nothing (tests/test_two_row_shape.py checks the slope).
+lambda r (1 - r) with lambda matching the slope, which the field law takes since: softmax_rows.field_rows' slope).
+Asserts nothing (tests/test_two_row_shape.py checks the slope).
 """
 
 from __future__ import annotations

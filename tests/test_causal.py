@@ -295,13 +295,14 @@ def _ref_field_factor(C, field):
 
 def _ref_field_law(C, field):
     """softmax_rows.field_rows on _ref_field's groups, beyond uniform rows': each row's own output over its keys' mean
-    value overlap, and two rows' overlap at independent queries and at one over 1 / max(m, n), at every position
-    (pair) by ln m (bilinear in the pair's ln m), the uniform parts summed from C directly."""
+    value overlap, and two rows' overlap at independent queries and at one over 1 / max(m, n), and its slope at
+    independent queries, at every position (pair) by ln m (bilinear in the pair's ln m), the uniform parts summed from
+    C directly."""
     from initadvisor.core.ops import _FIELD_LAW_DRAWS
     from initadvisor.core.softmax_rows import field_rows
 
     n, F, own, ends, c, _, Pv, qv = field
-    _, ea, out, y1 = field_rows(c, n, F, own, Pv, qv, _FIELD_LAW_DRAWS)
+    _, ea, out, y1, slope = field_rows(c, n, F, own, Pv, qv, _FIELD_LAW_DRAWS)
     uniform = 1.0 / np.maximum.outer(ends, ends)
     mean = np.array([np.sum(C[:e, :e]) / (e * e) for e in ends])
     lm, x = np.log(np.arange(1.0, C.shape[0] + 1)), np.log(ends)
@@ -309,7 +310,7 @@ def _ref_field_law(C, field):
     def at(V):
         return np.array([np.interp(lm, x, [np.interp(a, x, V[:, k]) for k in range(len(x))]) for a in lm])
 
-    return np.interp(lm, x, out - mean), at((ea * n) @ ea.T - uniform), at(y1 - uniform)
+    return np.interp(lm, x, out - mean), at((ea * n) @ ea.T - uniform), at(y1 - uniform), at(slope)
 
 
 def _ref_attention(C, P, lnT):
@@ -337,12 +338,15 @@ def _ref_attention(C, P, lnT):
     lo, hi = np.minimum.outer(i, i), np.maximum.outer(i, i)
     rho_q = (C + qb) / np.sqrt(np.multiply.outer(qq, qq))
     yp = np.exp(rho_q * np.sqrt(np.multiply.outer(v, v))) / (hi + 1.0)
-    if law is not None:  # two rows between independent queries and one: the i.i.d. pair law's shape in rho_q
-        ends = [expected_overlap(s[lo], lo + 1.0, x) for x in (0.0 * rho_q, 1.0 + 0.0 * rho_q, rho_q)]
+    if law is not None:  # two rows between independent queries and one: the i.i.d. pair law's shape in rho_q, and
+        step = 0.01  # lambda r (1 - r) taking its slope at independent queries to the law's
+        ends = [expected_overlap(s[lo], lo + 1.0, x) for x in (0.0 * rho_q, 1.0 + 0.0 * rho_q, rho_q, step + 0.0 * rho_q)]
         with np.errstate(invalid="ignore", divide="ignore"):
-            shape = (ends[2] - ends[0]) / (ends[1] - ends[0])
-        shape = np.clip(np.where(np.isfinite(shape), shape, 1.0), 0.0, 1.0)
-        yp = 1.0 / (hi + 1.0) + law[1] + (law[2] - law[1]) * shape
+            shape, at_step = ((e - ends[0]) / (ends[1] - ends[0]) for e in ends[2:])
+        shape, at_step = (np.clip(np.where(np.isfinite(x), x, 1.0), 0.0, 1.0) for x in (shape, at_step))
+        r = np.clip(rho_q, 0.0, 1.0)
+        lam = law[3] - (law[2] - law[1]) * at_step / step
+        yp = 1.0 / (hi + 1.0) + law[1] + (law[2] - law[1]) * shape + lam * r * (1.0 - r)
     yp = np.minimum(yp, np.sqrt(np.multiply.outer(y2, y2)))
     g_v, b_v2, keep = float(P.g_v), float(P.b_v2), 1.0 - float(P.attn_dropout)
     gap_v = g_v * np.maximum(qbar - pbar, 0.0)

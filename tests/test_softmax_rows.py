@@ -343,7 +343,8 @@ def test_field_law_against_sampled_rows(c, layout, structure):
     every prefix (and pair of prefixes at one query): E[Y2], each group's E[A_j], the own output E[a^T C a] over values
     of another positional covariance, two rows' overlap E sum_j A_j B_j, and each group's key half E[(M C M)_jj]
     (field_key_half), within 4 standard errors + 1% (the 1024 QMC draws', the node tables' and the cumulative
-    integral's error; measured 0.1-0.8%). Planting X for W in the own output's last term, the cumulative integral
+    integral's error; measured 0.1-0.8%), and the two rows' slope at independent queries against the sampled
+    overlap's central difference at +-0.05 within 4 standard errors + 4% (the difference's own O(0.05^2)). Planting X for W in the own output's last term, the cumulative integral
     without its decay or at one point a step, W for X in E[A], or in the key half T3 / 2 for T3 / 3 or Q without
     the key's own pairs taken off fails."""
     n = np.array(layout, dtype=float)
@@ -351,7 +352,7 @@ def test_field_law_against_sampled_rows(c, layout, structure):
     F, own = _positional(n, *structure)
     Pv, _ = _positional(n, 0.7, 0.2, 0.9)
     qv = np.diag(Pv) + np.where(n == 1, 0.0, 0.3) + 0.2
-    y2, ea, out, y1 = field_rows(c, n, F, own, Pv, qv, 1024)
+    y2, ea, out, y1, slope = field_rows(c, n, F, own, Pv, qv, 1024)
     gid = np.repeat(np.arange(G), n.astype(int))
     K = c * (F[gid][:, gid] + np.diag(own[gid]))
     C = Pv[gid][:, gid]
@@ -377,6 +378,17 @@ def test_field_law_against_sampled_rows(c, layout, structure):
         for r2 in range(r + 1, G):
             assert near(y1[r, r2], (rows[r] * rows[r2][:, :ends[r]]).sum(axis=1)), ("y1", r, r2, y1[r, r2])
             assert y1[r2, r] == y1[r, r2]
+    zh = rng.standard_normal(z.shape) @ np.linalg.cholesky(K + 1e-9 * np.eye(gid.size)).T
+    for r in range(G):  # the slope at independent queries against the overlap's central difference at +-0.05
+        for r2 in range(r, G):
+            Y = []
+            for x in (0.05, -0.05):
+                B = np.exp(x * z[:, :ends[r2]] + math.sqrt(1.0 - x * x) * zh[:, :ends[r2]])
+                Y.append((rows[r] * (B / B.sum(axis=1, keepdims=True))[:, :ends[r]]).sum(axis=1))
+            d = (Y[0] - Y[1]) / 0.1
+            assert abs(slope[r, r2] - d.mean()) <= 4 * d.std() / math.sqrt(d.size) + 0.04 * abs(d.mean()) + 1e-6, \
+                ("slope", r, r2, slope[r, r2], d.mean())
+            assert slope[r2, r] == slope[r, r2]
     kh = field_key_half(c, n, F, own, Pv, qv, list(range(1, G)), 1024)
     for i, A in enumerate(rows[1:]):
         m = A.shape[1]

@@ -46,6 +46,7 @@ _FIELD_NEGLIGIBLE = 0.003
 FIELD_LAW = False  # Attention.causal's rows from the keys' field law (_field_law, _key_half): exact at infinite width,
 # off until the causal engine carries the width's pull (docs/phase-grid.md, "The field law in the engine")
 _FIELD_LAW_DRAWS = 64  # their field draws (QMC)
+_SLOPE_STEP = 0.01  # the i.i.d. pair shape's slope at independent queries, by this step (within 2% of 1e-3)
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
@@ -770,9 +771,12 @@ class Attention:
         amax = G.A[G.hi]
         amax[np.diag_indices(K)] = G.Amax
         yp = np.exp(rho_q * np.multiply.outer(sv, sv)) * amax
-        if law is not None:  # between one query and independent ones: the i.i.d. pair law's shape in rho
-            y0, y1 = law[1:]
-            yp = amax + y0 + (y1 - y0) * self._pair_shape(cz.gmean(G, s_row)[G.lo], cz.gmean(G, m)[G.lo], rho_q)
+        if law is not None:  # between one query and independent ones: the i.i.d. pair law's shape in rho, plus
+            y0, y1, s0 = law[1:]  # lambda r (1 - r) that makes its slope at independent queries the exact one (s0)
+            sg, mg = cz.gmean(G, s_row)[G.lo], cz.gmean(G, m)[G.lo]
+            rc = np.clip(rho_q, 0.0, 1.0)
+            lam = s0 - (y1 - y0) * self._pair_shape(sg, mg, _SLOPE_STEP + 0.0 * rho_q) / _SLOPE_STEP
+            yp = amax + y0 + (y1 - y0) * self._pair_shape(sg, mg, rho_q) + lam * rc * (1.0 - rc)
         yp = np.minimum(yp, np.multiply.outer(sy, sy))
         overlap = yp / np.multiply.outer(sy, sy)
         shared = yp - amax
@@ -883,7 +887,8 @@ class Attention:
     def _field_law(self, G, qf, Pm, cf):
         """What the keys' field law adds to uniform rows': per row, its own output E[a^T C a] beyond the values' mean
         overlap over its keys (C the values' overlaps); per pair of position groups at their mean rows, two rows'
-        overlap E sum_j A_j B_j beyond 1 / max(m, n), at independent queries (Y0) and at one query (Y1).
+        overlap E sum_j A_j B_j beyond 1 / max(m, n), at independent queries (Y0) and at one query (Y1), and its
+        slope in the queries' correlation at independent queries (exact, Price's theorem: field_rows).
         softmax_rows.field_rows on _coarse_field's groups `cf`, linear in ln m between their rows and bilinear in the
         two rows' ln m. Where a causal row localizes, its keys' positional clusters set both: the i.i.d. laws give
         the late rows' overlaps 2.6-3.9x off at 2.5 beta_c, T 512."""
@@ -892,13 +897,13 @@ class Attention:
         law = field_rows(c, n, F, own, Pv, qv, _FIELD_LAW_DRAWS)
         if law is None:
             return None
-        _, ea, out, y1 = law
+        _, ea, out, y1, slope = law
         pairs = np.cumsum(np.cumsum(Pv * np.multiply.outer(n, n), axis=0), axis=1).diagonal()
         mean = (pairs + np.cumsum(n * (qv - np.diag(Pv)))) / (m * m)  # uniform rows' own output
         uniform = 1.0 / np.maximum.outer(m, m)
         x, at = np.log(m), np.log(cz.gmean(G, G.m))
         return (np.interp(np.log(G.m), x, out - mean), _bilinear(x, (ea * n) @ ea.T - uniform, at),
-                _bilinear(x, y1 - uniform, at))
+                _bilinear(x, y1 - uniform, at), _bilinear(x, slope, at))
 
     def _key_half(self, G, qf, Pm, cf, iid):
         """The query/key path's key half from the keys' field law (softmax_rows.field_key_half, every position group

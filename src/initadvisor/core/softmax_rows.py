@@ -702,7 +702,10 @@ def field_rows(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, Pv: np.n
       out[r] = E[a^T C a] = int e^-S (sum_gh n_g n_h Pv_gh X_g X_h - sum_g n_g Pv_gg X_g^2 + sum_g n_g qv_g W_g);
       y1[r, r'] = E sum_j A_j B_j of rows r <= r' at one query: with Z' = Z + R and v = t + u, 1 / (Z Z') =
         int dv e^-vZ int_0^v e^-uR du, so y1 = int e^-S sum n W K, K(v) = int_0^v e^-S_R(u) du / v (cumulative,
-        ln S_R linear in ln u between the ln t points, _CUMULATIVE points a step).
+        ln S_R linear in ln u between the ln t points, _CUMULATIVE points a step);
+      slope[r, r'] = d/dx E sum_j A_j B_j at independent queries, x their correlation (the scores' cross-covariance
+        x c K): Price's theorem gives c sum_i (a K b^T)_ii over row r's keys, a_ij = delta_ij E[A_i] - E[A_i A_j] of
+        row r and b of row r' (E[A_j A_k] = int e^-S X_g X_h, E[A_j^2] = int e^-S W_g).
     None where the rows are all but one-hot or unresolved (as field_rows_y2)."""
     from scipy.signal import lfilter
 
@@ -742,7 +745,30 @@ def field_rows(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, Pv: np.n
         K = lfilter([1.0], [1.0, -decay], np.concatenate([first, step], axis=-1), axis=-1)
         y1[r, r + 1:] = np.einsum("dw,pdw->p", I[:, lo:hi], K) * scale
     y1 = np.triu(y1) + np.triu(y1, 1).T
-    return np.minimum(y2, 1.0), ea, out, np.minimum(y1, 1.0)
+    return np.minimum(y2, 1.0), ea, out, np.minimum(y1, 1.0), _pair_slopes(c, n, F, own, E, X, W, ea, scale)
+
+
+def _pair_slopes(c, n, F, own, E, X, W, ea, scale) -> np.ndarray:
+    """field_rows' slope (G, G): per pair of prefixes r <= r', c sum_i (a K b^T)_ii by key groups. For a key i of group
+    g the row's a_i. sums over group h to U_gh = -n_h M_gh (+ E[A_i] - E[A_i^2] + M_gg where h = g), M_gh = E[A_j A_k]
+    of two distinct keys; K = F between distinct keys plus `own` on a key's own pair, so (a K b^T)_ii = (U F V^T)_gg +
+    the own parts: (E[A_i] - E[A_i^2]) (E[B_i] - E[B_i^2]) own_g + sum_h (n_h - [h = g]) M_gh M'_gh own_h."""
+    G = n.size
+    Ef, Xf = E.reshape(G, -1), X.reshape(G, -1)
+    M = np.zeros((G, G, G))
+    for r in range(G):  # (groups up to r: row r's keys)
+        M[r, : r + 1, : r + 1] = (Xf[: r + 1] * Ef[r]) @ Xf[: r + 1].T * scale
+    d = np.diagonal(M, axis1=1, axis2=2)
+    self_ = ea - np.tril(Ef @ W.reshape(G, -1).T) * scale  # E[A_i] - E[A_i^2]
+    U = -n[None, None, :] * M + np.einsum("rg,gh->rgh", self_ + d, np.eye(G))
+    others = n[None, :] - np.eye(G)  # [g, h]: a key of g's other keys in h
+    out = np.zeros((G, G))
+    for r in range(G):
+        UF = U[r] @ F
+        for r2 in range(r, G):
+            term = (UF * U[r2]).sum(axis=1) + self_[r] * self_[r2] * own + (M[r] * M[r2] * others * own[None, :]).sum(1)
+            out[r, r2] = out[r2, r] = c * float((n * term)[: r + 1].sum())
+    return out
 
 
 def field_key_half(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, Pv: np.ndarray, qv: np.ndarray,
