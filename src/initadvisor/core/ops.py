@@ -775,7 +775,7 @@ class Attention:
             y0, y1, s0 = law[1:]  # lambda r (1 - r) that makes its slope at independent queries the exact one (s0)
             sg, mg = cz.gmean(G, s_row)[G.lo], cz.gmean(G, m)[G.lo]
             rc = np.clip(rho_q, 0.0, 1.0)
-            lam = s0 - (y1 - y0) * self._pair_shape(sg, mg, _SLOPE_STEP + 0.0 * rho_q) / _SLOPE_STEP
+            lam = s0 - (y1 - y0) * self._pair_shape(sg, mg, _SLOPE_STEP) / _SLOPE_STEP
             yp = amax + y0 + (y1 - y0) * self._pair_shape(sg, mg, rho_q) + lam * rc * (1.0 - rc)
         yp = np.minimum(yp, np.multiply.outer(sy, sy))
         overlap = yp / np.multiply.outer(sy, sy)

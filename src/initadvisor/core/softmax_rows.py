@@ -762,13 +762,11 @@ def _pair_slopes(c, n, F, own, E, X, W, ea, scale) -> np.ndarray:
     self_ = ea - np.tril(Ef @ W.reshape(G, -1).T) * scale  # E[A_i] - E[A_i^2]
     U = -n[None, None, :] * M + np.einsum("rg,gh->rgh", self_ + d, np.eye(G))
     others = n[None, :] - np.eye(G)  # [g, h]: a key of g's other keys in h
-    out = np.zeros((G, G))
-    for r in range(G):
-        UF = U[r] @ F
-        for r2 in range(r, G):
-            term = (UF * U[r2]).sum(axis=1) + self_[r] * self_[r2] * own + (M[r] * M[r2] * others * own[None, :]).sum(1)
-            out[r, r2] = out[r2, r] = c * float((n * term)[: r + 1].sum())
-    return out
+    # [r, r', g] (zero for g past either row: its U, M and E[A] - E[A^2] are)
+    term = np.einsum("rgh,sgh->rsg", U @ F, U) + self_[:, None, :] * self_[None, :, :] * own \
+        + np.einsum("rgh,sgh,gh->rsg", M, M, others * own[None, :])
+    out = c * (term @ n)
+    return (out + out.T) / 2.0  # (symmetric; this makes it so to the last bit)
 
 
 def field_key_half(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, Pv: np.ndarray, qv: np.ndarray,
