@@ -294,29 +294,37 @@ def _ref_field_factor(C, field):
 
 
 def _ref_field_law(C, field):
-    """softmax_rows.field_rows on _ref_field's groups, beyond uniform rows': each row's own output over its keys' mean
-    value overlap, and two rows' overlap at independent queries and at one over 1 / max(m, n), and its slope at
-    independent queries, at every position (pair) by ln m (bilinear in the pair's ln m), the uniform parts summed from
+    """softmax_rows.field_rows on _ref_field's groups, beyond uniform rows' (the values less their mean pair overlap, as
+    the engine gives them): each row's own output over its keys' mean value overlap; two rows' overlap at independent
+    queries and at one over 1 / max(m, n), and its slope at independent queries; their output overlap's means' part
+    over uniform rows', and its weights' covariance on one key and on two at one query and in their slopes at
+    independent queries: at every position (pair) by ln m (bilinear in the pair's ln m), the uniform parts summed from
     C directly."""
     from initadvisor.core.ops import _FIELD_LAW_DRAWS
     from initadvisor.core.softmax_rows import field_rows
 
     n, F, own, ends, c, _, Pv, qv = field
-    _, ea, out, y1, slope = field_rows(c, n, F, own, Pv, qv, _FIELD_LAW_DRAWS)
+    T = C.shape[0]
+    base = (C.sum() - np.trace(C)) / (T * (T - 1.0))
+    law = field_rows(c, n, F, own, Pv - base, qv - base, _FIELD_LAW_DRAWS)
     uniform = 1.0 / np.maximum.outer(ends, ends)
-    mean = np.array([np.sum(C[:e, :e]) / (e * e) for e in ends])
-    lm, x = np.log(np.arange(1.0, C.shape[0] + 1)), np.log(ends)
+    S = np.cumsum(np.cumsum(C - base, axis=0), axis=1)
+    flat = S[ends - 1][:, ends - 1] / np.multiply.outer(ends, ends)
+    lm, x = np.log(np.arange(1.0, T + 1)), np.log(ends)
 
     def at(V):
         return np.array([np.interp(lm, x, [np.interp(a, x, V[:, k]) for k in range(len(x))]) for a in lm])
 
-    return np.interp(lm, x, out - mean), at((ea * n) @ ea.T - uniform), at(y1 - uniform), at(slope)
+    return (np.interp(lm, x, law.out - flat.diagonal()), at((law.ea * n) @ law.ea.T - uniform),
+            at(law.y1 - uniform), at(law.slope), at(law.o0 - flat), at(law.s1 - law.s0), at(law.sslope),
+            at((law.o1 - law.s1) - (law.o0 - law.s0)), at(law.oslope - law.sslope))
 
 
 def _ref_attention(C, P, lnT):
     """The full-matrix causal attention of the first version (O(T^2) per layer), kept as the reference; row m's keys
     alike weighed together (attention.coweighting) and each key at its share of the row's weight (key_shares) from the
-    direct sums over its keys 1..m (K = C: no QK-norm, no rotary embedding here)."""
+    direct sums over its keys 1..m (K = C: no QK-norm, no rotary embedding here); with the field law on (ops.FIELD_LAW)
+    the rows' outputs from it instead."""
     from initadvisor.core import attention as att
     from initadvisor.core.causal import row_statistics, row_x
     from initadvisor.core.softmax_rows import key_shares
@@ -375,7 +383,12 @@ def _ref_attention(C, P, lnT):
             D = W @ C @ W.T - U1 @ C @ U1.T
             out += g_v * D
             diag += g_v * np.diag(D)
-    if law is not None:  # each row's own output beyond its keys' mean overlap from the law
+    if law is not None:  # from the law: each row's own output, and two rows' output overlap as the means', the
+        # weights' covariance on one key on the i.i.d. pair shape and on two quadratic in rho_q, beyond uniform rows'
+        mean, same1, same_slope, cross1, cross_slope = law[4:]
+        same = same1 * shape + (same_slope - same1 * at_step / step) * r * (1.0 - r)
+        out = g_v * (S / np.multiply.outer(m, m) + mean + same + cross1 * r + (cross_slope - cross1) * r * (1.0 - r))
+        out += b_v2
         diag = g_v * (np.diag(S) / (m * m) + law[0]) + b_v2 + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
     np.fill_diagonal(out, diag)
     out = float(P.g_o) * out + float(P.b_o2)
@@ -431,9 +444,9 @@ REDUCED_CASES = {
 def test_reduced_form_matches_full_matrix(name, law, monkeypatch):
     """Position groups (default grid, or a coarse one) against the full T x T matrix: rho within 0.002 (measured:
     below 1e-4); with every position its own group the two are the same computation (1e-12). With the rows' field law
-    on (ops.FIELD_LAW; the reference takes it on the coarser groups of positions): 7e-4 and 5e-4 on the coarse grid
-    (without the law in the reference 0.0024 and 0.0047), and at full resolution within 1e-4 (measured 1e-5: rounding
-    turns the field factor's principal directions, and its QMC draws with them)."""
+    on (ops.FIELD_LAW; the reference takes it on the coarser groups of positions): 3e-5 in rho and 2.4e-4 and 1.1e-4
+    by thirds on the coarse grid (without the law in the reference 0.0024 and 0.0047), and at full resolution within
+    1e-4 (measured 2e-13; rounding may turn the field factor's principal directions, and its QMC draws with them)."""
     monkeypatch.setattr(ops, "FIELD_LAW", law)
     kw, grid = REDUCED_CASES[name]
     spec = causal_spec(**kw)

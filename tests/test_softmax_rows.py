@@ -337,26 +337,36 @@ def test_field_rows_against_sampled_rows(c, layout, structure):
     (60.0, [1] * 4 + [3, 8, 20], (0.95, 0.6, 0.98)),  # post-LN past beta_c: alike neighbours, distinct early keys
     (20.0, [1] * 3 + [2, 4, 8, 16], (0.9, 0.3, 0.95)),
     (4.0, [1] * 4 + [6, 20], (0.8, 0.5, 0.85)),
+    (6.0, [1] * 2 + [4, 12], (0.6, 0.3, 0.4)),  # keys of their own more than of their group's
 ])
-def test_field_law_against_sampled_rows(c, layout, structure):
+@pytest.mark.parametrize("shift", [0.0, 0.45])
+def test_field_law_against_sampled_rows(c, layout, structure, shift):
     """field_rows' one- and two-row statistics against 60000 sampled Gaussian rows of the keys' full score covariance,
     every prefix (and pair of prefixes at one query): E[Y2], each group's E[A_j], the own output E[a^T C a] over values
     of another positional covariance, two rows' overlap E sum_j A_j B_j, and each group's key half E[(M C M)_jj]
     (field_key_half), within 4 standard errors + 1% (the 1024 QMC draws', the node tables' and the cumulative
     integral's error; measured 0.1-0.8%), and the two rows' slope at independent queries against the sampled
-    overlap's central difference at +-0.05 within 4 standard errors + 4% (the difference's own O(0.05^2)). Planting X for W in the own output's last term, the cumulative integral
-    without its decay or at one point a step, W for X in E[A], or in the key half T3 / 2 for T3 / 3 or Q without
-    the key's own pairs taken off fails."""
+    overlap's central difference at +-0.05 within 4 standard errors + 4% (the difference's own O(0.05^2)); the same
+    for two rows' output overlap E sum_jk C_jk A_j B_k and its same-key part E sum_j C_jj A_j B_j at one query, at
+    independent queries and in their slope there. The values also less their mean overlap (`shift`, as the engine
+    gives them: of either sign). Planting X for W in the own output's last term, the cumulative integral without its decay or at one point a step,
+    W for X in E[A], in the key half T3 / 2 for T3 / 3 or Q without the key's own pairs taken off, or the output
+    overlap's tail integral log-linear at the lattice points alone (2-4% low) or over the values' sum instead of each
+    group's weights (shifted values), or the slopes' trace without its own-part-by-block term (keys of their own)
+    fails."""
     n = np.array(layout, dtype=float)
     G = n.size
     F, own = _positional(n, *structure)
     Pv, _ = _positional(n, 0.7, 0.2, 0.9)
-    qv = np.diag(Pv) + np.where(n == 1, 0.0, 0.3) + 0.2
-    y2, ea, out, y1, slope = field_rows(c, n, F, own, Pv, qv, 1024)
+    qv = np.diag(Pv) + np.where(n == 1, 0.0, 0.3) + 0.2 - shift
+    Pv = Pv - shift
+    law = field_rows(c, n, F, own, Pv, qv, 1024)
+    y2, ea, out, y1, slope = law[:5]
     gid = np.repeat(np.arange(G), n.astype(int))
     K = c * (F[gid][:, gid] + np.diag(own[gid]))
     C = Pv[gid][:, gid]
     C[np.diag_indices(gid.size)] = qv[gid]
+    Cs = np.diag(qv[gid])  # the output overlap's same-key part
     rng = np.random.default_rng(12)
     z = rng.standard_normal((60000, gid.size)) @ np.linalg.cholesky(K + 1e-9 * np.eye(gid.size)).T
 
@@ -378,17 +388,28 @@ def test_field_law_against_sampled_rows(c, layout, structure):
         for r2 in range(r + 1, G):
             assert near(y1[r, r2], (rows[r] * rows[r2][:, :ends[r]]).sum(axis=1)), ("y1", r, r2, y1[r, r2])
             assert y1[r2, r] == y1[r, r2]
+            for name, Q in (("o1", C), ("s1", Cs)):
+                got = getattr(law, name)
+                assert near(got[r, r2], np.einsum("nj,jk,nk->n", rows[r], Q[:ends[r], :ends[r2]], rows[r2])), \
+                    (name, r, r2, got[r, r2])
+                assert got[r2, r] == got[r, r2]
     zh = rng.standard_normal(z.shape) @ np.linalg.cholesky(K + 1e-9 * np.eye(gid.size)).T
-    for r in range(G):  # the slope at independent queries against the overlap's central difference at +-0.05
+    for r in range(G):  # at independent queries; the slopes against the overlaps' central difference at +-0.05
         for r2 in range(r, G):
-            Y = []
-            for x in (0.05, -0.05):
+            Y, O, D = [], [], []
+            for x in (0.05, -0.05, 0.0):
                 B = np.exp(x * z[:, :ends[r2]] + math.sqrt(1.0 - x * x) * zh[:, :ends[r2]])
-                Y.append((rows[r] * (B / B.sum(axis=1, keepdims=True))[:, :ends[r]]).sum(axis=1))
-            d = (Y[0] - Y[1]) / 0.1
-            assert abs(slope[r, r2] - d.mean()) <= 4 * d.std() / math.sqrt(d.size) + 0.04 * abs(d.mean()) + 1e-6, \
-                ("slope", r, r2, slope[r, r2], d.mean())
-            assert slope[r2, r] == slope[r, r2]
+                B /= B.sum(axis=1, keepdims=True)
+                Y.append((rows[r] * B[:, :ends[r]]).sum(axis=1))
+                O.append(np.einsum("nj,jk,nk->n", rows[r], C[:ends[r], :ends[r2]], B))
+                D.append(np.einsum("nj,jk,nk->n", rows[r], Cs[:ends[r], :ends[r2]], B))
+            assert near(law.o0[r, r2], O[2]), ("o0", r, r2, law.o0[r, r2])
+            assert near(law.s0[r, r2], D[2]), ("s0", r, r2, law.s0[r, r2])
+            for got, v in ((slope, Y), (law.oslope, O), (law.sslope, D)):
+                d = (v[0] - v[1]) / 0.1
+                assert abs(got[r, r2] - d.mean()) <= 4 * d.std() / math.sqrt(d.size) + 0.04 * abs(d.mean()) + 1e-6, \
+                    ("slope", r, r2, got[r, r2], d.mean())
+                assert got[r2, r] == got[r, r2]
     kh = field_key_half(c, n, F, own, Pv, qv, list(range(1, G)), 1024)
     for i, A in enumerate(rows[1:]):
         m = A.shape[1]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -771,12 +771,11 @@ class Attention:
         amax = G.A[G.hi]
         amax[np.diag_indices(K)] = G.Amax
         yp = np.exp(rho_q * np.multiply.outer(sv, sv)) * amax
-        if law is not None:  # between one query and independent ones: the i.i.d. pair law's shape in rho, plus
-            y0, y1, s0 = law[1:]  # lambda r (1 - r) that makes its slope at independent queries the exact one (s0)
+        if law is not None:  # between one query and independent ones (_between)
             sg, mg = cz.gmean(G, s_row)[G.lo], cz.gmean(G, m)[G.lo]
             rc = np.clip(rho_q, 0.0, 1.0)
-            lam = s0 - (y1 - y0) * self._pair_shape(sg, mg, _SLOPE_STEP) / _SLOPE_STEP
-            yp = amax + y0 + (y1 - y0) * self._pair_shape(sg, mg, rho_q) + lam * rc * (1.0 - rc)
+            shape = (self._pair_shape(sg, mg, rho_q), self._pair_shape(sg, mg, _SLOPE_STEP))
+            yp = amax + law.y0 + _between(law.y1 - law.y0, law.slope, *shape, rc)
         yp = np.minimum(yp, np.multiply.outer(sy, sy))
         overlap = yp / np.multiply.outer(sy, sy)
         shared = yp - amax
@@ -798,8 +797,13 @@ class Attention:
                 Ug = self._weighed_means(G, qg, Pm, shares[0])
                 out += g_v * Ug
                 diag += g_v * np.diag(Ug)[gid]
-        if law is not None:  # each row's own output beyond its keys' mean overlap from the law
-            diag = g_v * (tot / (m * m) + law[0]) + b_v2 + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
+        if law is not None:  # the law's own output, and two rows' output overlap beyond uniform rows': the means
+            # exact; the weights' covariance on one key on the i.i.d. pair shape, on two keys quadratic in rho (both
+            # exact at independent queries, in their slope there, and at one query)
+            cross = law.cross1 * rc + (law.cross_slope - law.cross1) * rc * (1.0 - rc)
+            same = _between(law.same1, law.same_slope, *shape, rc)
+            out = g_v * (U + law.mean + same + cross) + b_v2
+            diag = g_v * (tot / (m * m) + law.own) + b_v2 + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
         e = P.repeat_rho if S.R is None else _token_share(G, S)
         rep = self._repeats(bc, lnT, m, qbar, kbar, e)
         diag += rep
@@ -885,25 +889,36 @@ class Attention:
         return np.interp(np.log(G.m), np.log(np.r_[1.0, m]), np.r_[1.0, f])
 
     def _field_law(self, G, qf, Pm, cf):
-        """What the keys' field law adds to uniform rows': per row, its own output E[a^T C a] beyond the values' mean
-        overlap over its keys (C the values' overlaps); per pair of position groups at their mean rows, two rows'
-        overlap E sum_j A_j B_j beyond 1 / max(m, n), at independent queries (Y0) and at one query (Y1), and its
-        slope in the queries' correlation at independent queries (exact, Price's theorem: field_rows).
-        softmax_rows.field_rows on _coarse_field's groups `cf`, linear in ln m between their rows and bilinear in the
-        two rows' ln m. Where a causal row localizes, its keys' positional clusters set both: the i.i.d. laws give
-        the late rows' overlaps 2.6-3.9x off at 2.5 beta_c, T 512."""
+        """What the keys' field law adds to uniform rows' (_FieldLaw): per row, its own output E[a^T C a] beyond the
+        values' mean overlap over its keys (C the values' overlaps); per pair of position groups at their mean rows,
+        two rows' overlap E sum_j A_j B_j beyond 1 / max(m, n) at independent queries (Y0) and at one query (Y1) and
+        its slope in the queries' correlation at independent queries, and their output overlap E sum_jk C_jk A_j B_k:
+        the means' part (independent queries) beyond uniform rows', and the weights' covariance on one key and on two
+        at one query and in its slope at independent queries (exact, Price's theorem). softmax_rows.field_rows on
+        _coarse_field's groups `cf`, linear in ln m between their rows and bilinear in the two rows' ln m. Where a
+        causal row localizes, its keys' positional clusters set them all: the i.i.d. laws give the late rows'
+        overlaps 2.6-3.9x off at 2.5 beta_c, T 512."""
         M, n, F, own, m, c, _ = cf
         Pv, qv = self._coarse_values(G, qf, Pm, M, n)
+        # the values less their mean pair overlap: what the rows add beyond uniform ones does not see a common shift
+        # (their weights sum to 1), and near collapse (overlaps 0.99) the quadrature's 1e-4 in a row's total weight
+        # would otherwise reach the overlaps' 1 - rho
+        pairs = _ordered_pairs(n)
+        base = float((Pv * pairs).sum() / max(pairs.sum(), 1.0))
+        Pv, qv = Pv - base, qv - base
         law = field_rows(c, n, F, own, Pv, qv, _FIELD_LAW_DRAWS)
         if law is None:
             return None
-        _, ea, out, y1, slope = law
-        pairs = np.cumsum(np.cumsum(Pv * np.multiply.outer(n, n), axis=0), axis=1).diagonal()
-        mean = (pairs + np.cumsum(n * (qv - np.diag(Pv)))) / (m * m)  # uniform rows' own output
-        uniform = 1.0 / np.maximum.outer(m, m)
+        idx = np.arange(len(n))
+        shared = np.cumsum(n * (qv - np.diag(Pv)))[np.minimum.outer(idx, idx)]  # the two rows' shared keys' own parts
+        flat = (np.cumsum(np.cumsum(Pv * np.multiply.outer(n, n), axis=0), axis=1) + shared) / np.multiply.outer(m, m)
+        uniform = 1.0 / np.maximum.outer(m, m)  # (flat: uniform rows' output overlaps, a row's own on the diagonal)
         x, at = np.log(m), np.log(cz.gmean(G, G.m))
-        return (np.interp(np.log(G.m), x, out - mean), _bilinear(x, (ea * n) @ ea.T - uniform, at),
-                _bilinear(x, y1 - uniform, at), _bilinear(x, slope, at))
+        pair = {k: _bilinear(x, v, at) for k, v in dict(
+            y0=(law.ea * n) @ law.ea.T - uniform, y1=law.y1 - uniform, slope=law.slope, mean=law.o0 - flat,
+            same1=law.s1 - law.s0, same_slope=law.sslope, cross1=(law.o1 - law.s1) - (law.o0 - law.s0),
+            cross_slope=law.oslope - law.sslope).items()}
+        return _FieldLaw(own=np.interp(np.log(G.m), x, law.out - flat.diagonal()), **pair)
 
     def _key_half(self, G, qf, Pm, cf, iid):
         """The query/key path's key half from the keys' field law (softmax_rows.field_key_half, every position group
@@ -1624,6 +1639,26 @@ def _field_of(n: np.ndarray, sums: np.ndarray, q: np.ndarray) -> tuple[np.ndarra
     own = np.where(single, 0.0, np.maximum(q - np.diag(F), 0.0))
     F[np.diag_indices(len(n))] = np.where(single, q, np.diag(F))
     return F, own
+
+
+class _FieldLaw(NamedTuple):
+    """Attention._field_law's statistics: per row (own) and per pair of position groups (the rest)."""
+    own: np.ndarray  # a row's own output beyond uniform rows'
+    y0: np.ndarray  # two rows' overlap sum_j A_j B_j beyond uniform rows', independent queries
+    y1: np.ndarray  # ... one query
+    slope: np.ndarray  # its slope in the queries' correlation at independent queries
+    mean: np.ndarray  # their output overlap's means' part beyond uniform rows'
+    same1: np.ndarray  # the weights' covariance on one key, sum_j C_jj Cov(A_j, B_j), at one query
+    same_slope: np.ndarray  # ... its slope at independent queries
+    cross1: np.ndarray  # on two keys, sum_(j != k) C_jk Cov(A_j, B_k), at one query
+    cross_slope: np.ndarray  # ... its slope at independent queries
+
+
+def _between(top, slope, shape, shape_step, rc):
+    """A two-row statistic beyond its value at independent queries, at the queries' correlation rc: `top` at one
+    query along the i.i.d. pair shape, plus lambda rc (1 - rc) that makes its slope at independent queries `slope`
+    (shape_step: the shape at _SLOPE_STEP)."""
+    return top * shape + (slope - top * shape_step / _SLOPE_STEP) * rc * (1.0 - rc)
 
 
 def _bilinear(x: np.ndarray, V: np.ndarray, at: np.ndarray) -> np.ndarray:

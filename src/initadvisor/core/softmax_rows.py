@@ -24,6 +24,8 @@ import math
 from functools import lru_cache
 from pathlib import Path
 
+from typing import NamedTuple
+
 import numpy as np
 
 from initadvisor.core.sorting import unique
@@ -688,6 +690,21 @@ def _field_integrands(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, d
     return h, np.cumsum(n[:, None, None] * eu, axis=0), T
 
 
+class FieldRows(NamedTuple):
+    """field_rows' statistics per prefix r of the key groups (rows over groups 0..r) and per pair of prefixes."""
+    y2: np.ndarray  # (G,) E[Y2]
+    ea: np.ndarray  # (G, G) E[A_j] of one key of group g in row r
+    out: np.ndarray  # (G,) a row's own output E[a^T C a]
+    y1: np.ndarray  # (G, G) two rows' overlap E sum_j A_j B_j at one query
+    slope: np.ndarray  # (G, G) its slope in the queries' correlation at independent queries
+    o0: np.ndarray  # (G, G) two rows' output overlap E sum_jk C_jk A_j B_k at independent queries
+    o1: np.ndarray  # (G, G) ... at one query
+    oslope: np.ndarray  # (G, G) ... its slope at independent queries
+    s0: np.ndarray  # (G, G) its same-key part E sum_j C_jj A_j B_j at independent queries
+    s1: np.ndarray  # (G, G) ... at one query
+    sslope: np.ndarray  # (G, G) ... its slope at independent queries
+
+
 _CUMULATIVE = 4  # field_rows' points per ln t step in two rows' cumulative integral (within 0.5% of 32)
 
 
@@ -705,10 +722,13 @@ def field_rows(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, Pv: np.n
         ln S_R linear in ln u between the ln t points, _CUMULATIVE points a step);
       slope[r, r'] = d/dx E sum_j A_j B_j at independent queries, x their correlation (the scores' cross-covariance
         x c K): Price's theorem gives c sum_i (a K b^T)_ii over row r's keys, a_ij = delta_ij E[A_i] - E[A_i A_j] of
-        row r and b of row r' (E[A_j A_k] = int e^-S X_g X_h, E[A_j^2] = int e^-S W_g).
+        row r and b of row r' (E[A_j A_k] = int e^-S X_g X_h, E[A_j^2] = int e^-S W_g);
+      o0, o1, oslope: the same three for two rows' output overlap E sum_jk C_jk A_j B_k: at independent queries the
+        means' sum_jk C_jk E[A_j] E[B_k]; at one query y1's integral with the values' quadratic form for row r's keys,
+        and for the later row's others int du e^-S_R X_k int_u^inf e^-S_r sum_j C_jk X_j d ln v (_cross_keys); the
+        slope c tr(a K b^T C) (_pair_slopes);
+      s0, s1, sslope: its same-key part E sum_j C_jj A_j B_j, the same three ways.
     None where the rows are all but one-hot or unresolved (as field_rows_y2)."""
-    from scipy.signal import lfilter
-
     n = np.asarray(n, dtype=float)
     G = n.size
     field = _field_integrands(c, n, F, own, draws, 3)
@@ -721,52 +741,114 @@ def field_rows(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, Pv: np.n
     scale = h / D
     y2 = np.einsum("rdw,rdw->r", E, nW) * scale
     ea = np.tril(np.einsum("rdw,gdw->rg", E, X)) * scale
-    out = np.einsum("rdw,rdw->r", E, _value_sums(n, X, W, Pv, qv)) * scale
+    vs = _value_sums(n, X, W, Pv, qv)
+    out = np.einsum("rdw,rdw->r", E, vs) * scale
     y1 = np.diag(y2).copy()
+    Cd = np.asarray(qv, dtype=float) - np.diag(Pv)  # the values' overlaps: Pv by group pair plus Cd on a key's own
+    nWq = np.cumsum((n * np.asarray(qv, dtype=float))[:, None, None] * W, axis=0)
+    s1 = np.diag(np.einsum("rdw,rdw->r", E, nWq) * scale)
     sub = h / _CUMULATIVE  # a point's step: int over it of e^(ln u - ln v) g for g linear in ln u between its ends
     wa = -math.expm1(-sub)
     wb = 1.0 - wa / sub
     tw = np.exp(-h + sub * np.arange(_CUMULATIVE + 1)) * np.r_[0.0, np.full(_CUMULATIVE, wb)]
     tw[:-1] += np.exp(-h + sub * np.arange(1, _CUMULATIVE + 1)) * (wa - wb)
     decay = math.exp(-h)
-    for r in range(G - 1):
-        I = E[r] * nW[r]
-        on = np.flatnonzero(I.max(axis=0) > 1e-12 * I.max())  # the row's integrand, and 5 steps before it
-        lo, hi = max(int(on[0]) - 5, 0), int(on[-1]) + 1
-        R = np.maximum(S[r + 1:, :, lo:hi] - S[r, :, lo:hi], 1e-300)  # the later rows' keys beyond row r's
-        eR = np.exp(-R)  # e^-S_R at the points, and within each step (ln S_R linear: S_R = R0 (R1 / R0)^f)
-        ratio = np.power(R[..., 1:] / R[..., :-1], 1.0 / _CUMULATIVE)
-        x, inner = R[..., :-1], []
-        for _ in range(_CUMULATIVE - 1):
-            x = x * ratio
-            inner.append(np.exp(-x))
-        step = eR[..., :-1] * tw[0] + eR[..., 1:] * tw[-1] + sum(v * t for v, t in zip(inner, tw[1:-1]))
-        first = -np.expm1(-R[..., :1]) / R[..., :1]  # K where S_R grows as u below: exact for S_R ~ u
-        K = lfilter([1.0], [1.0, -decay], np.concatenate([first, step], axis=-1), axis=-1)
-        y1[r, r + 1:] = np.einsum("dw,pdw->p", I[:, lo:hi], K) * scale
+    nX = n[:, None, None] * X
+    o1 = np.diag(out)
+    for r in range(G - 1):  # one query: the later rows' keys' integral K, under row r's integrands
+        lo, hi, K = _later_keys(r, S, E[r] * nX[: r + 1].sum(axis=0), tw, decay)
+        at = (slice(None), slice(lo, hi))
+        y1[r, r + 1:], s1[r, r + 1:], o1[r, r + 1:] = (
+            np.einsum("dw,pdw->p", (E[r] * I)[at], K) * scale for I in (nW[r], nWq[r], vs[r]))
+        o1[r, r + 1:] += _cross_keys(r, h, S, nX, E, Pv) * scale
     y1 = np.triu(y1) + np.triu(y1, 1).T
-    return np.minimum(y2, 1.0), ea, out, np.minimum(y1, 1.0), _pair_slopes(c, n, F, own, E, X, W, ea, scale)
+    o1 = np.triu(o1) + np.triu(o1, 1).T
+    s1 = np.triu(s1) + np.triu(s1, 1).T
+    o0 = (ea * n) @ Pv @ (ea * n).T + (ea * n * Cd) @ ea.T
+    slope, oslope, sslope = _pair_slopes(c, n, F, own, Pv, Cd, qv, E, X, W, ea, scale)
+    return FieldRows(np.minimum(y2, 1.0), ea, out, np.minimum(y1, 1.0), slope, o0, o1, oslope,
+                     (ea * n * np.asarray(qv, dtype=float)) @ ea.T, s1, sslope)
 
 
-def _pair_slopes(c, n, F, own, E, X, W, ea, scale) -> np.ndarray:
-    """field_rows' slope (G, G): per pair of prefixes r <= r', c sum_i (a K b^T)_ii by key groups. For a key i of group
-    g the row's a_i. sums over group h to U_gh = -n_h M_gh (+ E[A_i] - E[A_i^2] + M_gg where h = g), M_gh = E[A_j A_k]
-    of two distinct keys; K = F between distinct keys plus `own` on a key's own pair, so (a K b^T)_ii = (U F V^T)_gg +
-    the own parts: (E[A_i] - E[A_i^2]) (E[B_i] - E[B_i^2]) own_g + sum_h (n_h - [h = g]) M_gh M'_gh own_h."""
+def _tail_integral(S: np.ndarray, Y: np.ndarray, h: float, sub: int = 4) -> np.ndarray:
+    """int_(ln u)^inf e^-S Y d ln v at every lattice point (last axis, step h; S one row over the draws, Y one per
+    group): on `sub` points a step with S and Y log-linear between the lattice points (S grows as v^k, Y as v on the
+    left) and e^-S Y log-linear between those (the log-mean: a step of 1 in ln v, log-linear at the lattice points
+    alone, takes 2-4% off a row's bump; 4 points within 0.1%)."""
+    f = np.arange(sub + 1) / sub
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
+        lS, lY = np.log(np.maximum(S, 1e-300)), np.log(np.maximum(Y, 1e-300))
+        Ss = np.exp(lS[..., :-1, None] + np.diff(lS)[..., None] * f)  # (1, D, w - 1, sub + 1)
+        F = np.exp(-Ss) * np.exp(lY[..., :-1, None] + np.diff(lY)[..., None] * f)  # (G, D, w - 1, sub + 1)
+        d = (Ss[..., :-1] - Ss[..., 1:]) + (np.diff(lY) / sub)[..., None]  # ln F's step between the points
+        piece = np.where(np.abs(d) > 1e-9, (F[..., 1:] - F[..., :-1]) / d, F[..., :-1])
+    step = np.nan_to_num(piece, nan=0.0, posinf=0.0).sum(axis=-1) * (h / sub)
+    return np.concatenate([np.cumsum(step[..., ::-1], axis=-1)[..., ::-1], np.zeros(step.shape[:-1] + (1,))], axis=-1)
+
+
+def _later_keys(r, S, I, tw, decay) -> tuple[int, int, np.ndarray]:
+    """(lo, hi, K): K(v) = int_0^v e^-S_R(u) du / v for every later prefix r' > r (P, D, hi - lo), S_R = S_r' - S_r
+    the later row's keys beyond row r's, on the lattice points lo:hi where row r's integrand I (D, w) is above 1e-12
+    of its peak (and 5 points before): ln S_R linear between the points (len(tw) - 1 sub-steps a step, weights tw),
+    a running sum decaying by e^-h a step (1 / (Z Z') = int dv e^-vZ v K(v), Z' = Z + R: field_rows' y1)."""
+    from scipy.signal import lfilter
+
+    on = np.flatnonzero(I.max(axis=0) > 1e-12 * I.max())
+    lo, hi = max(int(on[0]) - 5, 0), int(on[-1]) + 1
+    R = np.maximum(S[r + 1:, :, lo:hi] - S[r, :, lo:hi], 1e-300)
+    eR = np.exp(-R)  # e^-S_R at the points, and within each step (ln S_R linear: S_R = R0 (R1 / R0)^f)
+    sub = len(tw) - 1
+    ratio = np.power(R[..., 1:] / R[..., :-1], 1.0 / sub)
+    x, inner = R[..., :-1], []
+    for _ in range(sub - 1):
+        x = x * ratio
+        inner.append(np.exp(-x))
+    step = eR[..., :-1] * tw[0] + eR[..., 1:] * tw[-1] + sum(v * t for v, t in zip(inner, tw[1:-1]))
+    first = -np.expm1(-R[..., :1]) / R[..., :1]  # K where S_R grows as u below: exact for S_R ~ u
+    return lo, hi, lfilter([1.0], [1.0, -decay], np.concatenate([first, step], axis=-1), axis=-1)
+
+
+def _cross_keys(r, h, S, nX, E, Pv) -> np.ndarray:
+    """Per later prefix r' > r (before h / D): E sum_(j <= r, k in r' beyond r) C_jk A_j B_k of two rows at one query,
+    j among row r's keys and k among the later row's others. 1 / (Z Z') = int dv e^-vZ int_0^v e^-uR du with the
+    order of the integrals turned: int du e^-S_R X_k Lambda_k, Lambda_k(u) = int_u^inf e^-S_r sum_j C_jk X_j d ln v
+    (_tail_integral of each group's X_j, C taken after: the values may be of either sign)."""
+    Ix = E[r] * nX[: r + 1].sum(axis=0)  # row r's E[A] integrand: the tail integral's support (constant left of it,
+    on = np.flatnonzero(Ix.max(axis=0) > 1e-12 * Ix.max())  # 0 right of it)
+    a, b = max(int(on[0]) - 1, 0), int(on[-1]) + 2
+    tail = np.zeros(nX[: r + 1].shape)
+    tail[..., a:b] = _tail_integral(S[r][None, :, a:b], nX[: r + 1, :, a:b], h)
+    tail[..., :a] = tail[..., a:a + 1]
+    Lam = np.einsum("gk,gdw->kdw", Pv[: r + 1, r + 1:], tail)  # per later group k
+    Z = np.einsum("pdw,kdw->pk", np.exp(-(S[r + 1:] - S[r])), nX[r + 1:] * Lam)
+    return np.tril(Z).sum(axis=1)  # (the groups k up to r')
+
+
+def _pair_slopes(c, n, F, own, Pv, Cd, qv, E, X, W, ea, scale) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """field_rows' slopes (G, G) per pair of prefixes r <= r' at independent queries (Price's theorem): c tr(a K b^T
+    Q) with Q = I for the overlap sum_j A_j B_j and Q = C, the values' overlaps, for the output overlap sum_jk C_jk A_j
+    B_k, and Q = diag(C) for its same-key part. Every matrix over keys here is block-constant by key group plus a diagonal per group, (P, d): a's P = -M, M_gh
+    = E[A_j A_k] of two distinct keys, and d = E[A_i] - E[A_i^2] + M_gg; K's (F, own); C's (Pv, Cd). Such matrices
+    multiply as (P N P' + P diag(d') + diag(d) P', d d'), N = diag(n), and tr = sum_g n_g (P_gg + d_g)."""
     G = n.size
     Ef, Xf = E.reshape(G, -1), X.reshape(G, -1)
     M = np.zeros((G, G, G))
     for r in range(G):  # (groups up to r: row r's keys)
         M[r, : r + 1, : r + 1] = (Xf[: r + 1] * Ef[r]) @ Xf[: r + 1].T * scale
-    d = np.diagonal(M, axis1=1, axis2=2)
-    self_ = ea - np.tril(Ef @ W.reshape(G, -1).T) * scale  # E[A_i] - E[A_i^2]
-    U = -n[None, None, :] * M + np.einsum("rg,gh->rgh", self_ + d, np.eye(G))
-    others = n[None, :] - np.eye(G)  # [g, h]: a key of g's other keys in h
-    # [r, r', g] (zero for g past either row: its U, M and E[A] - E[A^2] are)
-    term = np.einsum("rgh,sgh->rsg", U @ F, U) + self_[:, None, :] * self_[None, :, :] * own \
-        + np.einsum("rgh,sgh,gh->rsg", M, M, others * own[None, :])
-    out = c * (term @ n)
-    return (out + out.T) / 2.0  # (symmetric; this makes it so to the last bit)
+    d = np.tril(ea - np.tril(Ef @ W.reshape(G, -1).T) * scale + np.diagonal(M, axis1=1, axis2=2))
+    Pa = -M
+    Pk = Pa @ (n[:, None] * F) + Pa * own[None, None, :] + d[:, :, None] * F[None]  # a K, per row
+    dk = d * own
+
+    def trace(Q, Dq):  # c tr((a K) (b Q)) for every pair of rows, b Q = (Pa N Q + Pa diag(Dq) + diag(d) Q, d Dq)
+        Pb = Pa @ (n[:, None] * Q) + Pa * Dq[None, None, :] + d[:, :, None] * Q[None]
+        db = d * Dq
+        t = np.einsum("rgl,l,slg,g->rs", Pk, n, Pb, n) + np.einsum("rgg,sg,g->rs", Pk, db, n) \
+            + np.einsum("rg,sgg,g->rs", dk, Pb, n) + (dk * n) @ db.T
+        return c * (t + t.T) / 2.0  # (symmetric; this makes it so to the last bit)
+
+    zero = np.zeros((G, G))
+    return trace(zero, np.ones(G)), trace(np.asarray(Pv, dtype=float), Cd), trace(zero, np.asarray(qv, dtype=float))
 
 
 def field_key_half(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, Pv: np.ndarray, qv: np.ndarray,
