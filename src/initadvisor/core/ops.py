@@ -900,9 +900,10 @@ class Attention:
         overlaps 2.6-3.9x off at 2.5 beta_c, T 512."""
         M, n, F, own, m, c, _ = cf
         Pv, qv = self._coarse_values(G, qf, Pm, M, n)
-        # the values less their mean pair overlap: what the rows add beyond uniform ones does not see a common shift
-        # (their weights sum to 1), and near collapse (overlaps 0.99) the quadrature's 1e-4 in a row's total weight
-        # would otherwise reach the overlaps' 1 - rho
+        # the values less their mean pair overlap: the output overlap does not see a common shift (the weights sum to
+        # 1, their covariances to 0), but its split into the same-key and cross-key covariance does, and about the
+        # mean the same-key part is the mean field's (q - p)(Y - 1/m) (about 0: twice the deficit against rows at the
+        # mean state, 1.5 beta_c, T 64)
         pairs = _ordered_pairs(n)
         base = float((Pv * pairs).sum() / max(pairs.sum(), 1.0))
         Pv, qv = Pv - base, qv - base
