@@ -299,7 +299,7 @@ def _ref_field_law(C, field):
     queries and at one over 1 / max(m, n), and its slope at independent queries; their output overlap's means' part
     over uniform rows', and its weights' covariance on one key and on two at one query and in their slopes at
     independent queries: at every position (pair) by ln m (bilinear in the pair's ln m), the uniform parts summed from
-    C directly."""
+    C directly; and that mean overlap."""
     from initadvisor.core.ops import _FIELD_LAW_DRAWS
     from initadvisor.core.softmax_rows import field_rows
 
@@ -317,7 +317,7 @@ def _ref_field_law(C, field):
 
     return (np.interp(lm, x, law.out - flat.diagonal()), at((law.ea * n) @ law.ea.T - uniform),
             at(law.y1 - uniform), at(law.slope), at(law.o0 - flat), at(law.s1 - law.s0), at(law.sslope),
-            at((law.o1 - law.s1) - (law.o0 - law.s0)), at(law.oslope - law.sslope))
+            at((law.o1 - law.s1) - (law.o0 - law.s0)), at(law.oslope - law.sslope), base)
 
 
 def _ref_attention(C, P, lnT):
@@ -385,7 +385,10 @@ def _ref_attention(C, P, lnT):
             diag += g_v * np.diag(D)
     if law is not None:  # from the law: each row's own output, and two rows' output overlap as the means', the
         # weights' covariance on one key on the i.i.d. pair shape and on two quadratic in rho_q, beyond uniform rows'
-        mean, same1, same_slope, cross1, cross_slope = law[4:]
+        mean, same1, same_slope, cross1, cross_slope, base = law[4:]
+        ref = pbar[lo] - base  # (the split about the earlier row's keys' mean overlap)
+        same1, same_slope = same1 - ref * (law[2] - law[1]), same_slope - ref * law[3]
+        cross1, cross_slope = cross1 + ref * (law[2] - law[1]), cross_slope + ref * law[3]
         same = same1 * shape + (same_slope - same1 * at_step / step) * r * (1.0 - r)
         out = g_v * (S / np.multiply.outer(m, m) + mean + same + cross1 * r + (cross_slope - cross1) * r * (1.0 - r))
         out += b_v2
@@ -446,7 +449,7 @@ def test_reduced_form_matches_full_matrix(name, law, monkeypatch):
     below 1e-4); with every position its own group the two are the same computation (1e-12). With the rows' field law
     on (ops.FIELD_LAW; the reference takes it on the coarser groups of positions): 3e-5 in rho and 2.4e-4 and 1.1e-4
     by thirds on the coarse grid (without the law in the reference 0.0024 and 0.0047), and at full resolution within
-    1e-4 (measured 2e-13; rounding may turn the field factor's principal directions, and its QMC draws with them)."""
+    1e-4 (measured 5e-13; rounding may turn the field factor's principal directions, and its QMC draws with them)."""
     monkeypatch.setattr(ops, "FIELD_LAW", law)
     kw, grid = REDUCED_CASES[name]
     spec = causal_spec(**kw)

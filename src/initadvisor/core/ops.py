@@ -799,9 +799,13 @@ class Attention:
                 diag += g_v * np.diag(Ug)[gid]
         if law is not None:  # the law's own output, and two rows' output overlap beyond uniform rows': the means
             # exact; the weights' covariance on one key on the i.i.d. pair shape, on two keys quadratic in rho (both
-            # exact at independent queries, in their slope there, and at one query)
-            cross = law.cross1 * rc + (law.cross_slope - law.cross1) * rc * (1.0 - rc)
-            same = _between(law.same1, law.same_slope, *shape, rc)
+            # exact at independent queries, in their slope there, and at one query), split about the earlier row's
+            # keys' mean overlap as the mean field's (q - p)(Y - 1/m)
+            ref = cz.gmean(G, pbar)[G.lo] - law.base  # the split about the earlier row's keys' mean overlap
+            y1, slope = law.y1 - law.y0, law.slope
+            same = _between(law.same1 - ref * y1, law.same_slope - ref * slope, *shape, rc)
+            c1, cs = law.cross1 + ref * y1, law.cross_slope + ref * slope
+            cross = c1 * rc + (cs - c1) * rc * (1.0 - rc)
             out = g_v * (U + law.mean + same + cross) + b_v2
             diag = g_v * (tot / (m * m) + law.own) + b_v2 + (1.0 / keep - 1.0) * y2 * (g_v * qbar + b_v2)
         e = P.repeat_rho if S.R is None else _token_share(G, S)
@@ -901,9 +905,8 @@ class Attention:
         M, n, F, own, m, c, _ = cf
         Pv, qv = self._coarse_values(G, qf, Pm, M, n)
         # the values less their mean pair overlap: the output overlap does not see a common shift (the weights sum to
-        # 1, their covariances to 0), but its split into the same-key and cross-key covariance does, and about the
-        # mean the same-key part is the mean field's (q - p)(Y - 1/m) (about 0: twice the deficit against rows at the
-        # mean state, 1.5 beta_c, T 64)
+        # 1, their covariances to 0), and near collapse (overlaps 0.99) the quadrature's error in a row's total
+        # weight times the raw values took rho 0.0035 lower at the top of post-LN 1.5 beta_c, T 64
         pairs = _ordered_pairs(n)
         base = float((Pv * pairs).sum() / max(pairs.sum(), 1.0))
         Pv, qv = Pv - base, qv - base
@@ -919,7 +922,7 @@ class Attention:
             y0=(law.ea * n) @ law.ea.T - uniform, y1=law.y1 - uniform, slope=law.slope, mean=law.o0 - flat,
             same1=law.s1 - law.s0, same_slope=law.sslope, cross1=(law.o1 - law.s1) - (law.o0 - law.s0),
             cross_slope=law.oslope - law.sslope).items()}
-        return _FieldLaw(own=np.interp(np.log(G.m), x, law.out - flat.diagonal()), **pair)
+        return _FieldLaw(own=np.interp(np.log(G.m), x, law.out - flat.diagonal()), base=base, **pair)
 
     def _key_half(self, G, qf, Pm, cf, iid):
         """The query/key path's key half from the keys' field law (softmax_rows.field_key_half, every position group
@@ -1653,6 +1656,7 @@ class _FieldLaw(NamedTuple):
     same_slope: np.ndarray  # ... its slope at independent queries
     cross1: np.ndarray  # on two keys, sum_(j != k) C_jk Cov(A_j, B_k), at one query
     cross_slope: np.ndarray  # ... its slope at independent queries
+    base: float  # the values' reference in these: their mean pair overlap
 
 
 def _between(top, slope, shape, shape_step, rc):
