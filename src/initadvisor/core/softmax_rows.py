@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from pathlib import Path
-
 from typing import NamedTuple
 
 import numpy as np
