@@ -793,7 +793,8 @@ class Attention:
             U[np.diag_indices(K)] = SPd * G.A2 + 2.0 * rd * G.Bt + pd * G.E + F
             out += g_v * U + b_v2
             diag += g_v * tot / (m * m) + b_v2
-            if shares is not None:  # the rows' means at their keys' shares of the weight, over uniform ones
+            if shares is not None and law is None:  # the rows' means at their keys' shares of the weight, over
+                # uniform ones (the law has its own, below)
                 Ug = self._weighed_means(G, qg, Pm, shares[0])
                 out += g_v * Ug
                 diag += g_v * np.diag(Ug)[gid]
