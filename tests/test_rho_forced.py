@@ -47,7 +47,11 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
     for argv in (["post:1.5:16:bi", "--load", str(f)],  # no such cell in the file
                  ["post:1.5:16:causal", "--layers", "5", "--load", str(f)],  # other layers
                  ["post:1.5:16:causal", "--load", str(tmp_path / "none.npz")],
-                 ["post:1.5:16:causal", "--d", "1", "--load", str(f)]):
+                 ["post:1.5:16:causal", "--d", "1", "--load", str(f)],
+                 ["post:1.5:16:causal", "--passes", "-1", "--load", str(f)],
+                 ["post:1.5:16:causal", "--chain-walk", "1", "--load", str(f)],
+                 ["pre:1.5:16:causal", "--chain-walk", "8", "--load", str(f)],  # no walk in pre-LN
+                 ["post:1.5:16:bi", "--chain-walk", "8", "--load", str(f)]):
         monkeypatch.setattr(sys, "argv", ["rho_forced.py", *argv])
         assert rho_forced.main() == 2
         err = capsys.readouterr().err
@@ -73,3 +77,25 @@ def test_a_non_finite_value_prints_a_dash_at_its_width(fmt, width):
     assert _fmt(np.nan, fmt) == "-".rjust(width)
     assert _fmt(-np.inf, fmt) == "-".rjust(width)
     assert _fmt(0.5, fmt) == format(0.5, fmt)
+
+
+def test_chain_walk_adds_the_finite_t_walk_and_nothing_else():
+    """--chain-walk's walk: with no variance to add the gradient is the engine's to 1e-12; with the chain's own
+    variance (post-LN causal 2.5 beta_c, T 16, 20 layers, d 64) the walk is wider, so the mean gradient at the input
+    rises (the gains fall with rho: measured +2.2%); and walk.causal_factor is the engine's again afterwards."""
+    from rho_forced import chain_variance, chain_walk
+
+    from initadvisor.core import walk
+
+    raw = spec_for("post", 2.5, 16, True, 20, 64)
+    run, _ = forced_engine(build_spec(raw))
+    g0 = run()[1]
+    before = walk.causal_factor
+    with chain_walk(np.zeros(21)):
+        assert np.allclose(run()[1], g0, rtol=1e-12)
+    var = chain_variance(raw, 64)
+    assert var.shape == (21,) and var[0] < 1e-20 and np.all(var[1:] > 0)
+    with chain_walk(var):
+        g = run()[1]
+    assert g[0] > g0[0] * 1.01 and np.allclose(g[-1], g0[-1])
+    assert walk.causal_factor is before
