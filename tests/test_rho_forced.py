@@ -99,3 +99,19 @@ def test_chain_walk_adds_the_finite_t_walk_and_nothing_else():
         g = run()[1]
     assert g[0] > g0[0] * 1.01 and np.allclose(g[-1], g0[-1])
     assert walk.causal_factor is before
+
+
+def test_field_law_and_chain_walk_run_from_the_command_line(tmp_path, monkeypatch, capsys):
+    """--field-law --chain-walk on a small post-LN causal cell: exit 0, the finite T's column printed, and the field
+    law's switch as it was before."""
+    import rho_forced
+
+    f = tmp_path / "m.npz"
+    _moments(f, "post:2.5:16:causal", 4, 3)
+    monkeypatch.setattr(sys, "argv", ["rho_forced.py", "post:2.5:16:causal", "--layers", "3", "--d", "64", "--passes",
+                                      "2", "--field-law", "--chain-walk", "8", "--load", str(f)])
+    before = ops.FIELD_LAW
+    assert rho_forced.main() == 0
+    assert ops.FIELD_LAW == before
+    out = capsys.readouterr().out
+    assert "field law" in out and "+T walk" in out and "with the finite T's walk" in out
