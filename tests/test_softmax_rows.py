@@ -3,12 +3,14 @@ rows (and of row pairs with correlated logits), the two-key closed form, the uni
 laws (001 eq. 12)."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from initadvisor.core import softmax_rows
 from initadvisor.core.softmax_rows import (P_S_MAX, S_MAX, _narrow_node, _wide_node, expected_overlap, expected_y,
                                           field_key_half, field_rows, field_rows_y2, key_shares, pair_overlap,
                                           power_sums, row_moments)
@@ -453,3 +455,52 @@ def test_field_rows_pilot_draws(c):
         np.testing.assert_array_equal(y, iid)
         assert np.max(np.abs(full / iid - 1.0)) < 0.003
     assert (np.max(np.abs(full / iid - 1.0)) > 0.003) == (c >= 1.0)
+
+
+def _engine_field_state():
+    """The query/key path's key half's inputs in the engine at block 18 of the phase grid's post-LN 2.5 beta_c, T 64,
+    causal stack with the field law on (tests/data/field_law_state.npz): 32 one-key position groups whose keys' own
+    score stds are 0.18-0.2 under a field of std 4.5, then 8 groups of 2-6 keys."""
+    with np.load(Path(__file__).parent / "data" / "field_law_state.npz") as z:
+        return float(z["c"]), z["n"], z["F"], z["own"], z["Pv"], z["qv"], z["rows"].tolist()
+
+
+def test_field_law_lattice_is_converged_and_smooth_in_the_field(monkeypatch):
+    """At the engine's own state (above) field_key_half and field_rows at their ln t step are within 0.1% of the same
+    at half the step (every row but the one-key first, whose key half is 0), and the key half is smooth as the field
+    grows: its residual about a quintic in the field's scale over +-10% within 2.5e-4 of its mean (the walk
+    differentiates it twice at steps of 0.01 in rho). At a least step of 1 (before) the key half was 0.3-1% off and
+    rippled 5.4e-4 with the field draws' phase on the lattice, which the walk's second differences read as curvatures
+    of +-20 (its factor jittered 1% a block): planting that fails both."""
+    c, n, F, own, Pv, qv, rows = _engine_field_state()
+    kh, law = field_key_half(c, n, F, own, Pv, qv, rows, 64), field_rows(c, n, F, own, Pv, qv, 64)
+    monkeypatch.setattr(softmax_rows, "_FIELD_LAW_H", softmax_rows._FIELD_LAW_H / 2.0)
+    kh2, law2 = field_key_half(c, n, F, own, Pv, qv, rows, 64), field_rows(c, n, F, own, Pv, qv, 64)
+    monkeypatch.undo()
+    np.testing.assert_allclose(kh.sum(axis=1)[1:], kh2.sum(axis=1)[1:], rtol=1e-3)
+    for name in ("y2", "out", "o1", "y1", "oslope"):
+        np.testing.assert_allclose(getattr(law, name), getattr(law2, name), rtol=1e-3, atol=1e-6, err_msg=name)
+    e = np.linspace(-0.1, 0.1, 41)
+    tot = np.array([field_key_half(c, n, F * (1.0 + x), own, Pv, qv, rows[1:], 64).sum() for x in e])
+    res = tot - np.polyval(np.polyfit(e, tot, 5), e)
+    assert res.std() <= 2.5e-4 * tot.mean(), res.std() / tot.mean()
+
+
+@pytest.mark.parametrize("sig", [0.05, 0.3, 1.0, 3.0, 9.0, 17.0, 40.0])
+def test_field_functions_between_their_std_nodes(sig):
+    """_field_functions' tables (ln(-ln phi), ln(t^k psi_k) - ln phi, k 1-4) at a std midway between two of its nodes
+    against the node functions computed at that std directly (_narrow_node, _wide_node), on the nodes' own ln t points
+    where -25 < ln phi < -1e-8: within 5e-4 (measured 2e-6 to 4e-4: cubic in u = ln(1 + 2 sig) over four nodes). Linear
+    between two nodes, as before, is 2.6e-3 to 2.8e-2 off at some k at every std here, and its slope in sig jumps at
+    every node, which the field law's walk differentiates: planting it fails."""
+    u = math.floor(math.log1p(2.0 * sig) / softmax_rows._KS_STEP) + 0.5
+    s = math.expm1(u * softmax_rows._KS_STEP) / 2.0
+    lp, *lk = _narrow_node(s) if s <= S_MAX else _wide_node(s)
+    W = softmax_rows._KS_W
+    for k in range(5):
+        (tab,), y0 = softmax_rows._field_functions(s, float(W[0]), float(W[-1]), (k,))
+        at = np.round((W - y0) * softmax_rows._FINE).astype(int)
+        ok = (lp > -25.0) & (lp < -1e-8) & (at >= 0) & (at < tab.size) & (k == 0 or lk[k - 1] > -1e5)
+        ok[ok] &= tab[at[ok]] > -1e29  # (marked: a fine point whose stencil reaches past ln phi = -30)
+        exact = np.log(-lp[ok]) if k == 0 else lk[k - 1][ok] - lp[ok]
+        assert np.abs(tab[at[ok]] - exact).max() <= 5e-4, (k, np.abs(tab[at[ok]] - exact).max())

@@ -445,13 +445,17 @@ FIELD_DRAWS, FIELD_DIMS = 1024, 48  # the shipped field draws: scrambled Sobol n
 # Attention._field_factor's groups)
 _FIELD_MAX = 60.0  # the largest field or own score std field_rows_y2 takes (twice the row tables' range)
 _FIELD_H = 1.0  # the structured rows' least step in ln t (trapezoid on bumps of width 1: 4e-3 at worst, 1e-5 for std 1)
+# field_rows' and field_key_half's least step: at 1 their keys of small own std (e^-t e^y: width 1 in ln t) made the
+# key half 1% off and rippled it 0.5% with the field draws' phase on the lattice (post-LN 2.5 beta_c, T 64, block 18);
+# at 0.5 within 0.03% of 0.35's, the ripple 1e-4
+_FIELD_LAW_H = 0.5
 
 
-def _field_step(sig: np.ndarray, m: float) -> float:
+def _field_step(sig: np.ndarray, m: float, least: float = _FIELD_H) -> float:
     """The ln t step of rows of up to m keys whose own scores have stds sig: a key's functions are Gaussian smoothings
     of width sig, and a product of m of them turns over within sig / sqrt(2 ln m) (the scale of the largest of m
-    scores), so a step of half that (and _FIELD_H at least): the i.i.d. rows of std 4-50 within 0.2% of row_moments."""
-    return max(_FIELD_H, float(np.min(sig)) / (2.0 * max(1.0, math.sqrt(2.0 * math.log(max(m, 1.0))))))
+    scores), so a step of half that (and `least` at least): the i.i.d. rows of std 4-50 within 0.2% of row_moments."""
+    return max(least, float(np.min(sig)) / (2.0 * max(1.0, math.sqrt(2.0 * math.log(max(m, 1.0))))))
 
 
 def build_field_table(path: Path = FIELD) -> None:
@@ -486,6 +490,13 @@ def _field_node(j: int, k: int) -> np.ndarray:
     return _read_only(np.where(dead, -1e30, lk[k - 1] - lp))
 
 
+def _catmull_rom(t):
+    """The Catmull-Rom cubic's weights at nodes i - 1 .. i + 2 for the point i + t (0 <= t <= 1): exact for quadratics,
+    continuous in value and slope from one interval to the next."""
+    return (((-t + 2.0) * t - 1.0) * t / 2.0, ((3.0 * t - 5.0) * t * t + 2.0) / 2.0,
+            ((-3.0 * t + 4.0) * t + 1.0) * t / 2.0, (t - 1.0) * t * t / 2.0)
+
+
 @lru_cache(maxsize=1024)
 def _fine_node(j: int, k: int) -> np.ndarray:
     """_field_node's row on ln t = _KS_W[0] + i / _FINE over all of _KS_W, cubic (Catmull-Rom) between the node's
@@ -493,9 +504,7 @@ def _fine_node(j: int, k: int) -> np.ndarray:
     v0 = _field_node(j, k)
     x = np.arange(_FINE_N) / (_FINE * _KS_H)  # in the node grid's index
     i = np.clip(x.astype(np.int64), 1, _KS_W.size - 3)
-    t = x - i
-    wts = (((-t + 2.0) * t - 1.0) * t / 2.0, ((3.0 * t - 5.0) * t * t + 2.0) / 2.0,
-           ((-3.0 * t + 4.0) * t + 1.0) * t / 2.0, (t - 1.0) * t * t / 2.0)  # at i - 1 .. i + 2
+    wts = _catmull_rom(x - i)  # at i - 1 .. i + 2
     dead = np.zeros(i.shape, dtype=bool)
     for o in range(4):
         dead |= v0[i + o - 1] < -1e29
@@ -505,8 +514,8 @@ def _fine_node(j: int, k: int) -> np.ndarray:
 
 def _field_functions(sig: float, lo: float, hi: float, ks=(0, 2)) -> tuple[list, float]:
     """([one table per k], y0): _field_node's rows k at std sig on ln t = y0 + i / _FINE over [lo, hi] (held at
-    _KS_W's ends), linear in u = ln(1 + 2 sig) between the nodes' fine tables (_fine_node); sig 0: exactly y (k 0) and
-    k y (k >= 1)."""
+    _KS_W's ends), cubic (Catmull-Rom) in u = ln(1 + 2 sig) over the four nodes' fine tables (_fine_node) around it:
+    smooth in sig, as the walk's second differences of the field law need; sig 0: exactly y (k 0) and k y (k >= 1)."""
     a = max(math.floor((lo - _KS_W[0]) * _FINE) - 1, 0)
     b = min(math.ceil((hi - _KS_W[0]) * _FINE) + 2, _FINE_N)
     b = max(b, a + 2)
@@ -516,11 +525,12 @@ def _field_functions(sig: float, lo: float, hi: float, ks=(0, 2)) -> tuple[list,
         return [y if k == 0 else k * y for k in ks], y0
     u = math.log1p(2.0 * min(sig, _KEY_MAX)) / _KS_STEP
     j = int(u)
-    f = u - j
+    wts = _catmull_rom(u - j)
     out = []
     for k in ks:
-        v0, v1 = _fine_node(j, k)[a:b], _fine_node(j + 1, k)[a:b]
-        out.append(v0 + (v1 - v0) * f if k == 0 else np.where((v0 < -1e29) | (v1 < -1e29), -1e30, v0 + (v1 - v0) * f))
+        v = [_fine_node(max(j + o - 1, 0), k)[a:b] for o in range(4)]  # (below node 1 the first one twice)
+        V = sum(w * x for w, x in zip(wts, v))
+        out.append(V if k == 0 else np.where(np.min(v, axis=0) < -1e29, -1e30, V))
     return out, y0
 
 
@@ -678,7 +688,7 @@ def _field_integrands(c: float, n: np.ndarray, F: np.ndarray, own: np.ndarray, d
     G, D = n.size, a.shape[0]
     big = np.logaddexp.accumulate(np.log(n) + a + 4.5 * sig, axis=1)
     small = np.maximum.accumulate(a - 4.5 * sig, axis=1)
-    h = _field_step(sig, float(n.sum()))
+    h = _field_step(sig, float(n.sum()), _FIELD_LAW_H)
     left = np.floor((-big.max(axis=1) - 20.0) / h) * h  # E[A]'s integrand, u e^-u: e^-20 of its peak at the left
     nw = int(math.ceil(float((3.6 - small.min(axis=1) - left).max()) / h)) + 1
     w = left[:, None] + h * np.arange(nw)  # (D, nw)
