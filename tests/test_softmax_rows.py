@@ -504,3 +504,22 @@ def test_field_functions_between_their_std_nodes(sig):
         ok[ok] &= tab[at[ok]] > -1e29  # (marked: a fine point whose stencil reaches past ln phi = -30)
         exact = np.log(-lp[ok]) if k == 0 else lk[k - 1][ok] - lp[ok]
         assert np.abs(tab[at[ok]] - exact).max() <= 5e-4, (k, np.abs(tab[at[ok]] - exact).max())
+
+
+def test_own_variances_of_nearly_repeating_groups():
+    """A centred field whose groups nearly repeat (tests/data/field_degenerate.npz, rank 3 over 27 groups: the engine's
+    at a recommend candidate that benchmarks/fuzz.py drew, seed 34002): the SVD pseudo-inverse's diagonal went negative
+    there, the one-key group's unique variance 1e300 and eigvalsh raised LinAlgError (`recommend` exited "internal
+    error"). Each one-key group moves at most its own variance, the rest stays positive semi-definite on the centred
+    subspace, and the rows' law over that field is finite."""
+    with np.load(Path(__file__).parent / "data" / "field_degenerate.npz") as z:
+        Fc, single = z["Fc"], z["single"]
+    G = len(single)
+    n = np.where(single, 1.0, 4.0)
+    J = np.eye(G) - np.outer(np.ones(G), n / n.sum())
+    moved = softmax_rows._own_variances(Fc, J, single)
+    assert np.all(np.isfinite(moved)) and np.all(moved >= 0.0) and np.all(moved <= np.diag(Fc) + 1e-12)
+    Q = np.linalg.qr(np.eye(G)[:, :G - 1] - 1.0 / G)[0]
+    assert np.linalg.eigvalsh(Q.T @ (Fc - (J * moved) @ J.T) @ Q).min() >= -1e-9 * np.trace(Fc)
+    y, iid = field_rows_y2(20.0, n, Fc, np.where(single, 0.0, 0.5))
+    assert np.all(np.isfinite(y)) and np.all(np.isfinite(iid))

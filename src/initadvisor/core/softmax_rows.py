@@ -541,7 +541,10 @@ def _own_variances(Fc: np.ndarray, J: np.ndarray, single: np.ndarray) -> np.ndar
     G = len(single)
     if single.sum() < 1 or G < 2:
         return np.zeros(G)
-    u = np.where(single, 1.0 / np.maximum(np.diag(np.linalg.pinv(Fc)), 1e-300), 0.0)
+    # (the symmetric pseudo-inverse, whose diagonal is >= 0: the SVD's went negative where groups nearly repeat, and
+    # at most the group's whole variance: one in the field's null space, (Fc^+)_gg = 0, has none to move)
+    inv = np.diag(np.linalg.pinv(Fc, rcond=1e-10, hermitian=True))
+    u = np.where(single, np.minimum(1.0 / np.maximum(inv, 1e-300), np.maximum(np.diag(Fc), 0.0)), 0.0)
     Q = np.linalg.qr(np.eye(G)[:, :G - 1] - 1.0 / G)[0]  # an orthonormal basis of the centred subspace
     M = Q.T @ Fc @ Q
     B = Q.T @ (J * u) @ J.T @ Q
