@@ -6,6 +6,8 @@ attention rows / dropout masks) or a closed form, never from the engine's own ou
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -121,6 +123,26 @@ def test_causal_backward_uniform_attention_closed_form(T):
     full = att.mix_backward(1.0, 1.0, mom, float(T), col)
     diag = att.mix_backward(1.0, 0.0, mom, float(T), col)
     np.testing.assert_allclose([diag[0], full[0], full[1], diag[1]], [d_col, c2, cx, x_col], rtol=1e-9)
+
+
+@pytest.mark.parametrize("T", [2, 7, 64, 65, 512, 12765, 200000])
+def test_causal_column_scale_of_one_score_std(T):
+    """causal_column_scale at one s (its table of the rows' E[Y2] at T, the pair pass's once-a-layer call) against the
+    general path over an array of s (expected_y at every row's keys) within 1e-12, and for T <= 64, where no rows are
+    binned, against the defining sum (1/T) sum_t E[Y2](s, t) / E[Y2](s, T) by scalar expected_y calls, at s from 0 to
+    past the row table's 30. Kills: the table at the bins' edges instead of their centres, s's node off by one, or
+    the beyond-30 law left out."""
+    from initadvisor.core.softmax_rows import expected_y
+
+    ss = np.r_[0.0, 1e-3, np.linspace(0.05, 29.95, 23), 30.0, 31.7, 80.0]
+    arr = att.causal_column_scale(ss, T)
+    for s, ref in zip(ss, arr):
+        got = att.causal_column_scale(float(s), T)
+        assert abs(got / ref - 1.0) < 1e-12, (s, got, ref)
+        if T <= 64:
+            direct = sum(float(expected_y(s, float(t), 1)[0]) for t in range(1, T + 1)) / T
+            assert abs(got - direct / float(expected_y(s, float(T), 1)[0])) < 1e-12 * got, (s, got)
+    assert math.isnan(att.causal_column_scale(float("nan"), T))
 
 
 def _silu(x):

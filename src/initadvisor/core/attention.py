@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from initadvisor.core.softmax_rows import expected_overlap, expected_y
+from initadvisor.core.softmax_rows import S_MAX, S_STEP, _at_ln_T, _table, expected_overlap, expected_y
 from initadvisor.core.sorting import unique
 
 HUGE = 1e250  # the engine's cap on every moment and derived quantity: extreme stacks stay finite
@@ -263,17 +263,35 @@ def causal_columns(T: float) -> tuple[float, float]:
     return float(h[-1] / T), float(np.mean(col**2))
 
 
-def causal_column_scale(s, T: float):
-    """(1/T) sum_t E[Y2](s, t) / E[Y2](s, T): how much more a key-averaged column of causal attention (rows t >= s
-    with t keys each) collects than the late, full-length rows (H_T for uniform rows, Y2(t) = 1/t; at most T).
-    Rows 1..64 one by one, beyond on 64 geometric bins (Y2 is smooth in ln t)."""
-    T = int(T)
+@lru_cache(maxsize=64)
+def _column_rows(T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """causal_column_scale's rows at T: their keys t (1..64 one by one, beyond on 64 geometric bins: Y2 is smooth in
+    ln t), weights (the rows a bin holds) and log E[Y2] over the row table's s nodes at each (read-only)."""
     t = np.arange(1.0, min(T, 64) + 1)
     w = np.ones_like(t)
     if T > 64:
         edges = unique(np.round(np.geomspace(64.5, T + 0.5, 65)))
         t = np.concatenate([t, np.sqrt(edges[:-1] * edges[1:])])
         w = np.concatenate([w, np.diff(edges)])
+    tab = np.stack([_at_ln_T(_table()[0], float(x), 1) for x in t])
+    for a in (t, w, tab):
+        a.flags.writeable = False
+    return t, w, tab
+
+
+def causal_column_scale(s, T: float):
+    """(1/T) sum_t E[Y2](s, t) / E[Y2](s, T): how much more a key-averaged column of causal attention (rows t >= s
+    with t keys each) collects than the late, full-length rows (H_T for uniform rows, Y2(t) = 1/t; at most T).
+    One s (a stack's pair pass, once a layer): from the rows' E[Y2] table at T (_column_rows), linear in log Y2 over
+    s as expected_y is (8x fewer operations: 100000 causal layers spent a third of `check` here)."""
+    T = int(T)
+    t, w, tab = _column_rows(T)
+    if np.ndim(s) == 0 and math.isfinite(s):
+        s = max(float(s), 0.0)
+        x = min(s, S_MAX) / S_STEP
+        i = min(int(x), tab.shape[1] - 2)
+        y2 = 1.0 - (1.0 - np.exp(tab[:, i] + (tab[:, i + 1] - tab[:, i]) * (x - i))) * (S_MAX / max(s, S_MAX))
+        return float(y2 @ w / T) / expected_y(s, float(T), 1)[0]
     s = np.asarray(s, dtype=float)
     y2 = expected_y(s[..., None], t, 1)[0]
     return (y2 @ w / T) / expected_y(s, float(T), 1)[0]
