@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from initadvisor.core.softmax_rows import S_MAX, S_STEP, _at_ln_T, _table, expected_overlap, expected_y
+from initadvisor.core.softmax_rows import S_MAX, S_STEP, expected_overlap, expected_y, log_y2_table
 from initadvisor.core.sorting import unique
 
 HUGE = 1e250  # the engine's cap on every moment and derived quantity: extreme stacks stay finite
@@ -273,7 +273,7 @@ def _column_rows(T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         edges = unique(np.round(np.geomspace(64.5, T + 0.5, 65)))
         t = np.concatenate([t, np.sqrt(edges[:-1] * edges[1:])])
         w = np.concatenate([w, np.diff(edges)])
-    tab = np.stack([_at_ln_T(_table()[0], float(x), 1) for x in t])
+    tab = np.stack([log_y2_table(float(x)) for x in t])
     for a in (t, w, tab):
         a.flags.writeable = False
     return t, w, tab

@@ -143,6 +143,12 @@ def _row_slice(T: float) -> np.ndarray:
     return _read_only(_at_ln_T(_table(), T, 2))
 
 
+def log_y2_table(T: float) -> np.ndarray:
+    """log E[Y2] over the row table's logit stds (0, S_STEP, ..., S_MAX) at T keys, linear in ln T between the table's
+    nodes as expected_y reads it (a fresh array: callers that keep one per T cache their own)."""
+    return _at_ln_T(_table()[0], T, 1)
+
+
 def _at_one_T(tab: np.ndarray, s, first: int) -> tuple:
     """expected_y from one T's slice, linear in log Y over s; floats at one point (a stack's scalar pass calls it
     once a layer)."""
