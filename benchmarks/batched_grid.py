@@ -60,6 +60,29 @@ def _moments(x):
     return sq / (T * d), ((tot * tot).sum(-1) - sq) / (d * T * (T - 1))
 
 
+def block_weights(B: int, d: int, s: dict, normal) -> list:
+    """One block's weights for B initialisations: W_Q, W_K, W_V, the MLP's two matrices and two biases."""
+    return ([normal(B, d, d, std=s[k]) for k in ("wq", "wk", "wv", "w_in", "w_out")]
+            + [normal(B, 1, d, std=s[k]) for k in ("b_in", "b_out")])
+
+
+def block(h, W: list, post: bool, keep=None):
+    """(the block's output, its attention weights) on the stream h (B, T, d): post-LN x -> LN(x + f(x)) after the
+    attention and after the MLP, pre-LN x -> x + f(LN(x)); keep: the causal mask (None: bidirectional)."""
+    import torch
+
+    wq, wk, wv, w1, w2, b1, b2 = W
+    u = h if post else _layernorm(h)
+    scores = (u @ wq) @ (u @ wk).transpose(1, 2) / math.sqrt(h.shape[-1])
+    if keep is not None:
+        scores = scores.masked_fill(~keep, -math.inf)
+    a = scores.softmax(-1)
+    h = _layernorm(h + a @ (u @ wv)) if post else h + a @ (u @ wv)
+    u = h if post else _layernorm(h)
+    h = h + torch.relu(u @ w1 + b1) @ w2 + b2
+    return (_layernorm(h) if post else h), a
+
+
 def run_batch(B: int, spec, s: dict, gen, device) -> dict[str, np.ndarray]:
     """B initialisations of the encoder, one sequence each: per seed q, p, gq, gp (L + 1) and y2 (L)."""
     import torch
@@ -75,20 +98,9 @@ def run_batch(B: int, spec, s: dict, gen, device) -> dict[str, np.ndarray]:
     keep = torch.ones(T, T, dtype=torch.bool, device=device).tril() if spec.causal else None
     y2 = []
     for _ in range(L):
-        wq, wk, wv = (normal(B, d, d, std=s[k]) for k in ("wq", "wk", "wv"))
-        w1, w2 = normal(B, d, d, std=s["w_in"]), normal(B, d, d, std=s["w_out"])
-        b1, b2 = normal(B, 1, d, std=s["b_in"]), normal(B, 1, d, std=s["b_out"])
-        h = hs[-1]
-        u = h if post else _layernorm(h)
-        scores = (u @ wq) @ (u @ wk).transpose(1, 2) / math.sqrt(d)
-        if keep is not None:
-            scores = scores.masked_fill(~keep, -math.inf)
-        a = scores.softmax(-1)
+        h, a = block(hs[-1], block_weights(B, d, s, normal), post, keep)
         y2.append((a.detach().double() ** 2).sum(-1).mean(-1))
-        h = _layernorm(h + a @ (u @ wv)) if post else h + a @ (u @ wv)
-        u = h if post else _layernorm(h)
-        h = h + torch.relu(u @ w1 + b1) @ w2 + b2
-        hs.append(_layernorm(h) if post else h)
+        hs.append(h)
     G = torch.randn(hs[-1].shape, generator=gen, device=device)
     grads = torch.autograd.grad((hs[-1] * G).sum(), hs)
     fw = [_moments(h.detach()) for h in hs]

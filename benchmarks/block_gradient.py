@@ -1,0 +1,100 @@
+"""One block's gradient gain in the network against the same block with weights that do not see its gradient.
+
+Usage: python benchmarks/block_gradient.py post:2.5:512:bi [--sequences 256] [--layers 8] [--blocks 2,4] [--d 720]
+
+One bidirectional cell of phase_fidelity.py's grid, in batched_grid.py's PyTorch encoder (each sequence its own
+weights). At each chosen block l the gain of the gradient's q (index l over index l + 1) four ways, with its mean
+over sequences and standard error: the network's own block (what `verify` measures); a fresh block (independent
+weights) on the same stream h_l fed the network's own gradient at index l + 1; the same with that gradient's tokens
+shuffled; the same fed an isotropic gradient (G ~ N(0, 1)); then the engine's block gain at the sequences' mean
+rho there (gradient q 1, p 0: the isotropic case). The engine takes the gradient independent of the block's own
+weights (the mean field's assumption): where "own" falls below "fresh", the block's weights and the gradient it
+receives are correlated, at finite T. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import batched_grid as bg  # noqa: E402
+from phase_fidelity import parse_cells, spec_for  # noqa: E402
+
+
+def main() -> None:
+    import torch
+
+    from initadvisor.core.ops import moments_backward, moments_forward, spread_forward
+    from initadvisor.spec import build_spec
+    from initadvisor.stack import from_spec
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("cell", help="norm:ratio:T:bi (post-LN)")
+    ap.add_argument("--sequences", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=8, help="the stack's depth (the gradient enters at its top)")
+    ap.add_argument("--blocks", default="2,4")
+    ap.add_argument("--d", type=int, default=720)
+    ap.add_argument("--seed", type=int, default=11)
+    args = ap.parse_args()
+    (cell,) = parse_cells(args.cell)
+    blocks = [int(x) for x in args.blocks.split(",")]
+    if cell[0] != "post" or cell[3] or max(blocks) >= args.layers:
+        sys.exit("block_gradient: a post-LN bidirectional cell, blocks below --layers")
+    spec = build_spec(spec_for(*cell, 50, args.d))
+    s, T, d = bg.stds(spec), spec.seq_len, args.d
+    gen = torch.Generator().manual_seed(args.seed)
+
+    def normal(*shape, std):
+        return torch.randn(*shape, generator=gen) * std
+
+    def weights(B):
+        return bg.block_weights(B, d, s, normal)
+
+    def block(h, W):
+        return bg.block(h, W, True)[0]
+
+    def q(g):
+        return (g.double() ** 2).mean((1, 2))
+
+    def gain(h, W, G):  # the gradient's q at h over G's, G fed at block(h, W)'s output
+        h = h.detach().requires_grad_(True)
+        (g,) = torch.autograd.grad((block(h, W) * G).sum(), h)
+        return (q(g) / q(G)).numpy()
+
+    out = {b: [] for b in blocks}
+    t0 = time.time()
+    B = 8
+    for _ in range(max(1, args.sequences // B)):
+        x = math.sqrt(0.03) * normal(B, 1, d, std=math.sqrt(2.0)) + math.sqrt(0.97) * normal(B, T, d, std=math.sqrt(2.0))
+        hs, Ws = [bg._layernorm(x).requires_grad_(True)], []
+        for _ in range(args.layers):
+            Ws.append(weights(B))
+            hs.append(block(hs[-1], Ws[-1]))
+        grads = torch.autograd.grad((hs[-1] * torch.randn(hs[-1].shape, generator=gen)).sum(), hs)
+        for b in blocks:
+            G, Wf = grads[b + 1], weights(B)
+            qq, pp = bg._moments(hs[b].detach())
+            out[b].append(np.stack([(q(grads[b]) / q(G)).numpy(), gain(hs[b], Wf, G),
+                                    gain(hs[b], Wf, G[:, torch.randperm(T, generator=gen)]),
+                                    gain(hs[b], Wf, torch.randn(G.shape, generator=gen)), (pp / qq).numpy()], 1))
+    ops = from_spec(spec).blocks[0]
+    print(f"{args.cell}, d {d}, {args.layers} layers, {B * max(1, args.sequences // B)} sequences, {time.time() - t0:.0f} s")
+    print("block    rho | own            fresh          fresh, shuffled  fresh, isotropic | engine")
+    for b in blocks:
+        r = np.concatenate(out[b])
+        m, se = r.mean(0), r.std(0, ddof=1) / math.sqrt(len(r))
+        _, _, caches = moments_forward(ops, 1.0, float(m[4]))
+        caches = spread_forward(ops, None, caches)[1]
+        engine = float(moments_backward(ops, 1.0, 0.0, caches)[0])
+        cols = "  ".join(f"{m[k]:.4f} +- {se[k]:.4f}" for k in range(4))
+        print(f"{b:5d} {m[4]:.4f} | {cols} | {engine:.4f}")
+
+
+if __name__ == "__main__":
+    main()
