@@ -27,13 +27,55 @@ import batched_grid as bg  # noqa: E402
 from phase_fidelity import parse_cells, spec_for  # noqa: E402
 
 
-def main() -> None:
+def block_gains(cell, sequences: int, layers: int, blocks: list[int], d: int, seed: int = 11) -> dict:
+    """Per chosen block: (means, standard errors) over sequences of [own, fresh, fresh shuffled, fresh isotropic
+    gain, the stream's rho at the block], and the engine's block gain at that mean rho (isotropic gradient)."""
     import torch
 
     from initadvisor.core.ops import moments_backward, moments_forward, spread_forward
     from initadvisor.spec import build_spec
     from initadvisor.stack import from_spec
 
+    spec = build_spec(spec_for(*cell, 50, d))
+    s, T = bg.stds(spec), spec.seq_len
+    gen = torch.Generator().manual_seed(seed)
+
+    def normal(*shape, std):
+        return torch.randn(*shape, generator=gen) * std
+
+    def q(g):
+        return (g.double() ** 2).mean((1, 2))
+
+    def gain(h, W, G):  # the gradient's q at h over G's, G fed at the block's output
+        h = h.detach().requires_grad_(True)
+        (g,) = torch.autograd.grad((bg.block(h, W, True)[0] * G).sum(), h)
+        return (q(g) / q(G)).numpy()
+
+    out = {b: [] for b in blocks}
+    B = 8
+    for _ in range(max(1, sequences // B)):
+        x = math.sqrt(0.03) * normal(B, 1, d, std=math.sqrt(2.0)) + math.sqrt(0.97) * normal(B, T, d, std=math.sqrt(2.0))
+        hs = [bg._layernorm(x).requires_grad_(True)]
+        for _ in range(layers):
+            hs.append(bg.block(hs[-1], bg.block_weights(B, d, s, normal), True)[0])
+        grads = torch.autograd.grad((hs[-1] * torch.randn(hs[-1].shape, generator=gen)).sum(), hs)
+        for b in blocks:
+            G, Wf = grads[b + 1], bg.block_weights(B, d, s, normal)
+            qq, pp = bg._moments(hs[b].detach())
+            out[b].append(np.stack([(q(grads[b]) / q(G)).numpy(), gain(hs[b], Wf, G),
+                                    gain(hs[b], Wf, G[:, torch.randperm(T, generator=gen)]),
+                                    gain(hs[b], Wf, torch.randn(G.shape, generator=gen)), (pp / qq).numpy()], 1))
+    ops = from_spec(spec).blocks[0]
+    result = {}
+    for b in blocks:
+        r = np.concatenate(out[b])
+        m = r.mean(0)
+        caches = spread_forward(ops, None, moments_forward(ops, 1.0, float(m[4]))[2])[1]
+        result[b] = (m, r.std(0, ddof=1) / math.sqrt(len(r)), float(moments_backward(ops, 1.0, 0.0, caches)[0]))
+    return result
+
+
+def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cell", help="norm:ratio:T:bi (post-LN)")
     ap.add_argument("--sequences", type=int, default=256)
@@ -42,56 +84,22 @@ def main() -> None:
     ap.add_argument("--d", type=int, default=720)
     ap.add_argument("--seed", type=int, default=11)
     args = ap.parse_args()
-    (cell,) = parse_cells(args.cell)
-    blocks = [int(x) for x in args.blocks.split(",")]
-    if cell[0] != "post" or cell[3] or max(blocks) >= args.layers:
-        sys.exit("block_gradient: a post-LN bidirectional cell, blocks below --layers")
-    spec = build_spec(spec_for(*cell, 50, args.d))
-    s, T, d = bg.stds(spec), spec.seq_len, args.d
-    gen = torch.Generator().manual_seed(args.seed)
-
-    def normal(*shape, std):
-        return torch.randn(*shape, generator=gen) * std
-
-    def weights(B):
-        return bg.block_weights(B, d, s, normal)
-
-    def block(h, W):
-        return bg.block(h, W, True)[0]
-
-    def q(g):
-        return (g.double() ** 2).mean((1, 2))
-
-    def gain(h, W, G):  # the gradient's q at h over G's, G fed at block(h, W)'s output
-        h = h.detach().requires_grad_(True)
-        (g,) = torch.autograd.grad((block(h, W) * G).sum(), h)
-        return (q(g) / q(G)).numpy()
-
-    out = {b: [] for b in blocks}
+    try:
+        cells = parse_cells(args.cell)
+        blocks = [int(x) for x in args.blocks.split(",")]
+        if len(cells) != 1 or cells[0][0] != "post" or cells[0][3]:
+            raise ValueError(f"cell {args.cell!r}: one post-LN bidirectional cell, e.g. post:2.5:512:bi")
+        if args.sequences < 8 or args.d < 2 or not 0 <= min(blocks) <= max(blocks) < args.layers:
+            raise ValueError("--sequences >= 8, --d >= 2, --blocks in 0 .. --layers - 1")
+    except ValueError as e:
+        print(f"block_gradient: bad arguments: {e}", file=sys.stderr)
+        sys.exit(2)
     t0 = time.time()
-    B = 8
-    for _ in range(max(1, args.sequences // B)):
-        x = math.sqrt(0.03) * normal(B, 1, d, std=math.sqrt(2.0)) + math.sqrt(0.97) * normal(B, T, d, std=math.sqrt(2.0))
-        hs, Ws = [bg._layernorm(x).requires_grad_(True)], []
-        for _ in range(args.layers):
-            Ws.append(weights(B))
-            hs.append(block(hs[-1], Ws[-1]))
-        grads = torch.autograd.grad((hs[-1] * torch.randn(hs[-1].shape, generator=gen)).sum(), hs)
-        for b in blocks:
-            G, Wf = grads[b + 1], weights(B)
-            qq, pp = bg._moments(hs[b].detach())
-            out[b].append(np.stack([(q(grads[b]) / q(G)).numpy(), gain(hs[b], Wf, G),
-                                    gain(hs[b], Wf, G[:, torch.randperm(T, generator=gen)]),
-                                    gain(hs[b], Wf, torch.randn(G.shape, generator=gen)), (pp / qq).numpy()], 1))
-    ops = from_spec(spec).blocks[0]
-    print(f"{args.cell}, d {d}, {args.layers} layers, {B * max(1, args.sequences // B)} sequences, {time.time() - t0:.0f} s")
+    res = block_gains(cells[0], args.sequences, args.layers, blocks, args.d, args.seed)
+    print(f"{args.cell}, d {args.d}, {args.layers} layers, {8 * max(1, args.sequences // 8)} sequences, "
+          f"{time.time() - t0:.0f} s")
     print("block    rho | own            fresh          fresh, shuffled  fresh, isotropic | engine")
-    for b in blocks:
-        r = np.concatenate(out[b])
-        m, se = r.mean(0), r.std(0, ddof=1) / math.sqrt(len(r))
-        _, _, caches = moments_forward(ops, 1.0, float(m[4]))
-        caches = spread_forward(ops, None, caches)[1]
-        engine = float(moments_backward(ops, 1.0, 0.0, caches)[0])
+    for b, (m, se, engine) in res.items():
         cols = "  ".join(f"{m[k]:.4f} +- {se[k]:.4f}" for k in range(4))
         print(f"{b:5d} {m[4]:.4f} | {cols} | {engine:.4f}")
 
