@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from initadvisor.core.softmax_rows import S_MAX, S_STEP, expected_overlap, expected_y, log_y2_table
+from initadvisor.core.softmax_rows import expected_overlap, expected_y, log_y2_table, s_node
 from initadvisor.core.sorting import unique
 
 HUGE = 1e250  # the engine's cap on every moment and derived quantity: extreme stacks stay finite
@@ -288,9 +288,8 @@ def causal_column_scale(s, T: float):
     t, w, tab = _column_rows(T)
     if np.ndim(s) == 0 and math.isfinite(s):
         s = max(float(s), 0.0)
-        x = min(s, S_MAX) / S_STEP
-        i = min(int(x), tab.shape[1] - 2)
-        y2 = 1.0 - (1.0 - np.exp(tab[:, i] + (tab[:, i + 1] - tab[:, i]) * (x - i))) * (S_MAX / max(s, S_MAX))
+        i, f, far = s_node(s, tab.shape[1])
+        y2 = 1.0 - (1.0 - np.exp(tab[:, i] + (tab[:, i + 1] - tab[:, i]) * f)) * far
         return float(y2 @ w / T) / expected_y(s, float(T), 1)[0]
     s = np.asarray(s, dtype=float)
     y2 = expected_y(s[..., None], t, 1)[0]

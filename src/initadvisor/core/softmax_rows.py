@@ -149,6 +149,14 @@ def log_y2_table(T: float) -> np.ndarray:
     return _at_ln_T(_table()[0], T, 1)
 
 
+def s_node(s: float, n: int) -> tuple[int, float, float]:
+    """(i, f, far) for one finite logit std s >= 0 on a row table of n s nodes: log Y at s is node i's plus f of the
+    step to node i + 1 (s held at S_MAX beyond it), and Y = 1 - (1 - that) far (the REM's 1 - Y ~ 1/s past S_MAX)."""
+    x = min(s, S_MAX) / S_STEP
+    i = min(int(x), n - 2)
+    return i, x - i, S_MAX / max(s, S_MAX)
+
+
 def _at_one_T(tab: np.ndarray, s, first: int) -> tuple:
     """expected_y from one T's slice, linear in log Y over s; floats at one point (a stack's scalar pass calls it
     once a layer)."""
@@ -156,11 +164,8 @@ def _at_one_T(tab: np.ndarray, s, first: int) -> tuple:
     if np.ndim(s) == 0:
         if math.isnan(s):
             return (np.float64(math.nan),) * first
-        s = max(float(s), 0.0)
-        x = min(s, S_MAX) / S_STEP
-        i = min(int(x), n - 2)
-        far = S_MAX / max(s, S_MAX)
-        return tuple(np.float64(1.0 - (1.0 - math.exp(a + (b - a) * (x - i))) * far)
+        i, f, far = s_node(max(float(s), 0.0), n)
+        return tuple(np.float64(1.0 - (1.0 - math.exp(a + (b - a) * f)) * far)
                      for a, b in tab[:first, i:i + 2].tolist())
     s = np.asarray(s, dtype=float)
     bad = np.isnan(s)
