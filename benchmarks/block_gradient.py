@@ -3,13 +3,15 @@
 Usage: python benchmarks/block_gradient.py post:2.5:512:bi [--sequences 256] [--layers 8] [--blocks 2,4] [--d 720]
 
 One bidirectional cell of phase_fidelity.py's grid, in batched_grid.py's PyTorch encoder (each sequence its own
-weights). At each chosen block l the gain of the gradient's q (index l over index l + 1) four ways, with its mean
+weights). At each chosen block l the gain of the gradient's q (index l over index l + 1) five ways, with its mean
 over sequences and standard error: the network's own block (what `verify` measures); a fresh block (independent
 weights) on the same stream h_l fed the network's own gradient at index l + 1; the same with that gradient's tokens
-shuffled; the same fed an isotropic gradient (G ~ N(0, 1)); then the engine's block gain at the sequences' mean
-rho there (gradient q 1, p 0: the isotropic case). The engine takes the gradient independent of the block's own
-weights (the mean field's assumption): where "own" falls below "fresh", the block's weights and the gradient it
-receives are correlated, at finite T. Asserts nothing.
+shuffled; the same fed an isotropic gradient (G ~ N(0, 1)); the network's own block fed an isotropic gradient; then
+the engine's block gain at the sequences' mean rho there (gradient q 1, p 0: the isotropic case). The engine takes
+the gradient independent of the block's own weights (the mean field's assumption): "own" against "own, isotropic"
+(paired: same weights, same stream) tests it. A fresh block fed the network's gradient is not that test: the gradient
+is enriched along each token's own h_(l + 1), which the own block's last norm removes exactly and a fresh block's
+norms do not, so it reads more than either. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from phase_fidelity import parse_cells, spec_for  # noqa: E402
 
 
 def block_gains(cell, sequences: int, layers: int, blocks: list[int], d: int, seed: int = 11) -> dict:
-    """Per chosen block: (means, standard errors) over sequences of [own, fresh, fresh shuffled, fresh isotropic
-    gain, the stream's rho at the block], and the engine's block gain at that mean rho (isotropic gradient)."""
+    """Per chosen block: (means, standard errors) over sequences of [own, fresh, fresh shuffled, fresh isotropic,
+    own isotropic gain, the stream's rho at the block], and the engine's block gain at that mean rho (isotropic
+    gradient)."""
     import torch
 
     from initadvisor.core.ops import moments_backward, moments_forward, spread_forward
@@ -55,22 +58,24 @@ def block_gains(cell, sequences: int, layers: int, blocks: list[int], d: int, se
     B = 8
     for _ in range(max(1, sequences // B)):
         x = math.sqrt(0.03) * normal(B, 1, d, std=math.sqrt(2.0)) + math.sqrt(0.97) * normal(B, T, d, std=math.sqrt(2.0))
-        hs = [bg._layernorm(x).requires_grad_(True)]
+        hs, Ws = [bg._layernorm(x).requires_grad_(True)], []
         for _ in range(layers):
-            hs.append(bg.block(hs[-1], bg.block_weights(B, d, s, normal), True)[0])
+            Ws.append(bg.block_weights(B, d, s, normal))
+            hs.append(bg.block(hs[-1], Ws[-1], True)[0])
         grads = torch.autograd.grad((hs[-1] * torch.randn(hs[-1].shape, generator=gen)).sum(), hs)
         for b in blocks:
             G, Wf = grads[b + 1], bg.block_weights(B, d, s, normal)
             qq, pp = bg._moments(hs[b].detach())
             out[b].append(np.stack([(q(grads[b]) / q(G)).numpy(), gain(hs[b], Wf, G),
                                     gain(hs[b], Wf, G[:, torch.randperm(T, generator=gen)]),
-                                    gain(hs[b], Wf, torch.randn(G.shape, generator=gen)), (pp / qq).numpy()], 1))
+                                    gain(hs[b], Wf, torch.randn(G.shape, generator=gen)),
+                                    gain(hs[b], Ws[b], torch.randn(G.shape, generator=gen)), (pp / qq).numpy()], 1))
     ops = from_spec(spec).blocks[0]
     result = {}
     for b in blocks:
         r = np.concatenate(out[b])
         m = r.mean(0)
-        caches = spread_forward(ops, None, moments_forward(ops, 1.0, float(m[4]))[2])[1]
+        caches = spread_forward(ops, None, moments_forward(ops, 1.0, float(m[5]))[2])[1]
         result[b] = (m, r.std(0, ddof=1) / math.sqrt(len(r)), float(moments_backward(ops, 1.0, 0.0, caches)[0]))
     return result
 
@@ -98,10 +103,10 @@ def main() -> None:
     res = block_gains(cells[0], args.sequences, args.layers, blocks, args.d, args.seed)
     print(f"{args.cell}, d {args.d}, {args.layers} layers, {8 * max(1, args.sequences // 8)} sequences, "
           f"{time.time() - t0:.0f} s")
-    print("block    rho | own            fresh          fresh, shuffled  fresh, isotropic | engine")
+    print("block    rho | own            fresh          fresh, shuffled  fresh, isotropic own, isotropic | engine")
     for b, (m, se, engine) in res.items():
-        cols = "  ".join(f"{m[k]:.4f} +- {se[k]:.4f}" for k in range(4))
-        print(f"{b:5d} {m[4]:.4f} | {cols} | {engine:.4f}")
+        cols = "  ".join(f"{m[k]:.4f} +- {se[k]:.4f}" for k in range(5))
+        print(f"{b:5d} {m[5]:.4f} | {cols} | {engine:.4f}")
 
 
 if __name__ == "__main__":
