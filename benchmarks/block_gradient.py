@@ -91,7 +91,10 @@ def main() -> None:
     args = ap.parse_args()
     try:
         cells = parse_cells(args.cell)
-        blocks = [int(x) for x in args.blocks.split(",")]
+        try:
+            blocks = [int(x) for x in args.blocks.split(",")]
+        except ValueError:
+            raise ValueError(f"--blocks {args.blocks!r}: comma-separated block indices, e.g. 2,4") from None
         if len(cells) != 1 or cells[0][0] != "post" or cells[0][3]:
             raise ValueError(f"cell {args.cell!r}: one post-LN bidirectional cell, e.g. post:2.5:512:bi")
         if args.sequences < 8 or args.d < 2 or not 0 <= min(blocks) <= max(blocks) < args.layers:
